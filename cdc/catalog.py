@@ -1,0 +1,123 @@
+"""What the captured tables look like in PostgreSQL's catalog.
+
+pgoutput's Relation message names a table and its columns, but not the primary key's
+column order (the key bytes must list columns in key order) nor what a non-builtin type
+is (enum, domain, array of either): those come from here, on a normal SQL connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from cdc.naming import TablePattern, parse_table_pattern
+from cdc.replication import pinned_conninfo
+from cdc.types import PgType, load_type
+
+
+@dataclass(frozen=True)
+class CapturedTable:
+    oid: int
+    schema: str
+    table: str
+    replica_identity: str  # d default, f full, i index, n nothing
+    key_columns: tuple[str, ...]  # primary key (or replica identity index) in key order; () if none
+    has_primary_key: bool
+    toastable_columns: tuple[str, ...]
+
+    @property
+    def display(self) -> str:
+        return str(TablePattern(self.schema, self.table))
+
+
+_TABLES_SQL = """
+SELECT c.oid, n.nspname, c.relname, c.relreplident
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_toast%%'
+ORDER BY n.nspname, c.relname
+"""
+
+_KEY_SQL = """
+SELECT i.indisprimary, i.indisreplident, a.attname
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
+ORDER BY k.ord
+"""
+
+_TOAST_SQL = """
+SELECT a.attname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+  AND t.typlen = -1 AND a.attstorage IN ('x', 'e')
+ORDER BY a.attnum
+"""
+
+
+class Catalog:
+    """Catalog look-ups on one autocommit connection with the pinned session settings."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn = self._connect()
+        self._types: dict[int, PgType] = {}
+
+    def _connect(self) -> psycopg.Connection:
+        return psycopg.connect(pinned_conninfo(self.dsn, application_name="cdc-catalog"), autocommit=True)
+
+    def ensure_connected(self) -> None:
+        """Reconnect after the server went away (the daemon outlives PostgreSQL restarts)."""
+        if self.conn.closed or self.conn.broken:
+            self.conn.close()
+            self.conn = self._connect()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def database(self) -> str:
+        row = self.conn.execute("SELECT current_database()").fetchone()
+        assert row is not None
+        return row[0]
+
+    def pg_type(self, oid: int) -> PgType:
+        found = self._types.get(oid)
+        if found is None:
+            found = self._types[oid] = load_type(self.conn, oid)
+        return found
+
+    def all_tables(self) -> list[tuple[int, str, str, str]]:
+        return [tuple(r) for r in self.conn.execute(_TABLES_SQL).fetchall()]
+
+    def resolve(self, patterns: list[str]) -> tuple[list[CapturedTable], list[str]]:
+        """The tables the patterns name, and the patterns that named nothing."""
+        parsed = [parse_table_pattern(p) for p in patterns]
+        tables = self.all_tables()
+        chosen: dict[int, tuple[int, str, str, str]] = {}
+        unmatched = []
+        for text, pattern in zip(patterns, parsed, strict=True):
+            hits = [t for t in tables if pattern.matches(t[1], t[2])]
+            if not hits:
+                unmatched.append(text)
+            for hit in hits:
+                chosen[hit[0]] = hit
+        return [self.describe(oid, schema, table, ident) for oid, schema, table, ident in chosen.values()], unmatched
+
+    def describe(self, oid: int, schema: str, table: str, replica_identity: str) -> CapturedTable:
+        """The key is the primary key, or the replica identity index where one is set: the
+        columns PostgreSQL sends as the old key, so a key change is always seen."""
+        rows = self.conn.execute(_KEY_SQL, (oid,)).fetchall()
+        primary = tuple(name for is_pk, _, name in rows if is_pk)
+        identity = tuple(name for _, is_ident, name in rows if is_ident)
+        key = identity if replica_identity == "i" else primary
+        toast = tuple(r[0] for r in self.conn.execute(_TOAST_SQL, (oid,)).fetchall())
+        return CapturedTable(oid, schema, table, replica_identity, key, bool(primary), toast)
+
+    def table_by_oid(self, oid: int) -> CapturedTable | None:
+        row = self.conn.execute(
+            "SELECT c.oid, n.nspname, c.relname, c.relreplident FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+            (oid,),
+        ).fetchone()
+        return None if row is None else self.describe(*row)

@@ -1,0 +1,151 @@
+"""From decoded pgoutput changes of committed transactions to Kafka records.
+
+This is where the contract's event rules live: a tombstone after every delete, a
+primary-key change as `d` + tombstone on the old key then `c` on the new key, a
+truncate under the table's reserved key, unchanged TOASTed values filled from the old
+row under REPLICA IDENTITY FULL and the Debezium placeholder otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from cdc import pgoutput
+from cdc.catalog import Catalog
+from cdc.events import TOAST_PLACEHOLDER, TOAST_PLACEHOLDER_BYTES, TRUNCATE_KEY, Column, TableEvents
+from cdc.naming import TablePattern, parse_table_pattern, topic_name
+from cdc.types import converter, field_schema
+
+log = logging.getLogger(__name__)
+
+
+class NoKey(Exception):
+    """A captured table has neither a primary key nor a usable replica identity."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    key: bytes
+    value: bytes | None
+    table: str  # schema.table as SQL writes it, for error messages
+
+
+@dataclass(frozen=True, slots=True)
+class Txn:
+    """What every event of one transaction shares."""
+
+    commit_lsn: int
+    commit_ts_us: int
+    xid: int | None
+
+
+class ChangeRenderer:
+    """Keeps the relation cache (one TableEvents per relation version) and renders changes."""
+
+    def __init__(self, catalog: Catalog, prefix: str, database: str, patterns: list[str], with_schemas: bool) -> None:
+        self.catalog = catalog
+        self.prefix = prefix
+        self.database = database
+        self.patterns: list[TablePattern] = [parse_table_pattern(p) for p in patterns]
+        self.with_schemas = with_schemas
+        self.tables: dict[int, TableEvents | None] = {}
+
+    def reset(self) -> None:
+        """A new walsender sends every Relation again before using it."""
+        self.tables.clear()
+
+    def relation(self, msg: pgoutput.Relation) -> None:
+        if not any(p.matches(msg.namespace, msg.name) for p in self.patterns):
+            self.tables[msg.oid] = None
+            return
+        display = str(TablePattern(msg.namespace, msg.name))
+        described = self.catalog.table_by_oid(msg.oid)
+        names = [c.name for c in msg.columns]
+        key_names = list(described.key_columns) if described else []
+        if not key_names or not set(key_names) <= set(names):
+            key_names = [c.name for c in msg.columns if c.flags & 1]  # the replica identity PostgreSQL sent
+            if described is not None and described.replica_identity == "f":
+                key_names = []
+        if not key_names:
+            raise NoKey(
+                f"table {display} has no primary key and no replica identity index: add a primary key, or "
+                f"ALTER TABLE {display} REPLICA IDENTITY USING INDEX <unique index>"
+            )
+        not_null = set(key_names)
+        columns = []
+        for col in msg.columns:
+            pgtype = self.catalog.pg_type(col.type_oid)
+            columns.append(
+                Column(
+                    name=col.name,
+                    convert=converter(pgtype, col.type_modifier),
+                    placeholder=TOAST_PLACEHOLDER_BYTES if pgtype.name == "bytea" else TOAST_PLACEHOLDER,
+                    schema=field_schema(pgtype, col.type_modifier, col.name, col.name not in not_null),
+                )
+            )
+        self.tables[msg.oid] = TableEvents(
+            prefix=self.prefix,
+            database=self.database,
+            schema=msg.namespace,
+            table=msg.name,
+            topic=topic_name(self.prefix, msg.namespace, msg.name),
+            columns=columns,
+            key_indexes=[names.index(k) for k in key_names],
+            with_schemas=self.with_schemas,
+        )
+        log.debug("relation %s: columns %s, key %s", display, names, key_names)
+
+    def table(self, oid: int) -> TableEvents | None:
+        try:
+            return self.tables[oid]
+        except KeyError:
+            raise RuntimeError(f"change for relation {oid} arrived before its Relation message") from None
+
+    def records(self, msg: object, txn: Txn, change_lsn: int, snapshot: str = "false") -> list[Record]:
+        """The records of one Insert, Update, Delete or Truncate message."""
+        kind = type(msg)
+        if kind is pgoutput.Truncate:
+            return self._truncate(msg, txn, change_lsn)  # type: ignore[arg-type]
+        table = self.table(msg.relation_oid)  # type: ignore[attr-defined]
+        if table is None:
+            return []
+        source = table.source(txn.commit_ts_us, snapshot, txn.commit_lsn, change_lsn, txn.xid)
+        name = f"{table.schema}.{table.table}"
+        if kind is pgoutput.Insert:
+            after = table.row(msg.new)  # type: ignore[attr-defined]
+            return [Record(table.topic, table.key(after), table.envelope("c", None, after, source), name)]
+        if kind is pgoutput.Delete:
+            before = table.row(msg.old)  # type: ignore[attr-defined]
+            key = table.key(before)
+            return [
+                Record(table.topic, key, table.envelope("d", before, None, source), name),
+                Record(table.topic, key, None, name),
+            ]
+        assert kind is pgoutput.Update
+        old = None if msg.old is None else table.row(msg.old)  # type: ignore[attr-defined]
+        after = table.row(msg.new, old if msg.old_kind == "O" else None)  # type: ignore[attr-defined]
+        key = table.key(after)
+        if old is not None:
+            old_key = table.key(old)
+            if old_key != key:  # a key change: the old key must disappear from the compacted topic
+                return [
+                    Record(table.topic, old_key, table.envelope("d", old, None, source), name),
+                    Record(table.topic, old_key, None, name),
+                    Record(table.topic, key, table.envelope("c", None, after, source), name),
+                ]
+        before = old if msg.old_kind == "O" else None  # type: ignore[attr-defined]
+        return [Record(table.topic, key, table.envelope("u", before, after, source), name)]
+
+    def _truncate(self, msg: pgoutput.Truncate, txn: Txn, change_lsn: int) -> list[Record]:
+        out = []
+        for oid in msg.relation_oids:
+            table = self.table(oid)
+            if table is None:
+                continue
+            source = table.source(txn.commit_ts_us, "false", txn.commit_lsn, change_lsn, txn.xid)
+            out.append(
+                Record(table.topic, TRUNCATE_KEY, table.envelope("t", None, None, source), f"{table.schema}.{table.table}")
+            )
+        return out

@@ -1,0 +1,129 @@
+"""The `cdc` command. Every failure a user can cause ends in one `error: ...` line and exit 1."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+import orjson
+
+from cdc import __version__
+from cdc.config import Config, ConfigError, as_dict, load
+from cdc.redact import redact_dsn
+
+CONFIG_HELP = "TOML config file; every key can be overridden by CDC_<SECTION>_<KEY> environment variables."
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {redact_dsn(message)}", err=True)
+    sys.exit(1)
+
+
+def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Adds --config, loads it, and turns the project's one-line errors into exit 1."""
+
+    @click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False), default=None, help=CONFIG_HELP)
+    @wraps(func)
+    def wrapper(config_path: str | None, **kwargs: Any) -> Any:
+        from cdc.preflight import PreflightError
+        from cdc.topics import TopicError
+
+        try:
+            config = load(config_path)
+            _setup_logging(config.daemon.log_level)
+            return func(config, **kwargs)
+        except (ConfigError, PreflightError, TopicError, LookupError, TimeoutError) as exc:
+            _fail(str(exc))
+
+    return wrapper
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("kafka", "confluent_kafka"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="cdc")
+def main() -> None:
+    """Change data capture: PostgreSQL logical decoding into compacted Kafka topics.
+
+    Every committed change of the captured tables becomes a Debezium-compatible event in
+    the topic <prefix>.<schema>.<table>, keyed by the row's primary key."""
+
+
+@main.command()
+@_with_config
+def run(config: Config) -> None:
+    """Stream changes from the replication slot into the topics until SIGTERM/SIGINT.
+
+    Creates the publication, the slot and the compacted topics when absent. The slot's
+    LSN is confirmed only after the broker acknowledged every record up to it, so a
+    restart resumes with nothing lost."""
+    from cdc.daemon import Daemon
+
+    daemon = Daemon(config)
+    daemon.prepare()
+    sys.exit(daemon.run())
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_with_config
+def status(config: Config, as_json: bool) -> None:
+    """Slot state (active, confirmed LSN, wal_status, WAL retained), lag, topic end offsets."""
+    from cdc.status import collect, render
+
+    result = collect(config)
+    click.echo(json.dumps(result, indent=2) if as_json else render(result))
+
+
+@main.command()
+@click.argument("table")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events.")
+@click.option("--from-end", is_flag=True, help="Start at the end instead of offset 0 (with --follow).")
+@click.option("--raw", is_flag=True, help="One compact JSON line per record instead of pretty JSON.")
+@_with_config
+def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) -> None:
+    """Print the events of TABLE's topic (TABLE as schema.table, quoted as SQL quotes it)."""
+    from cdc.naming import parse_table_pattern, topic_name
+    from compaction.reader import read_topic
+
+    try:
+        pattern = parse_table_pattern(table)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if pattern.table is None:
+        raise ConfigError(f"tail needs one table, not {table}")
+    topic = topic_name(config.topic.prefix, pattern.schema, pattern.table)
+    for record in read_topic(config.topic, topic, follow=follow, from_end=from_end):
+        key = record.key.decode(errors="replace") if record.key is not None else None
+        value = orjson.loads(record.value) if record.value is not None else None
+        if raw:
+            click.echo(json.dumps({"partition": record.partition, "offset": record.offset, "key": key, "value": value}))
+        else:
+            kind = "tombstone" if value is None else value.get("payload", value).get("op", "?")
+            click.echo(f"--- {topic} [{record.partition}] @{record.offset}  key={key}  {kind}")
+            if value is not None:
+                click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+@main.command("config")
+@_with_config
+def show_config(config: Config) -> None:
+    """Print the effective configuration (file + environment), secrets masked."""
+    click.echo(json.dumps(as_dict(config), indent=2))
+
+
+if __name__ == "__main__":
+    main()

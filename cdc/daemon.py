@@ -1,0 +1,438 @@
+"""`cdc run`: stream committed changes from the slot into the compacted topics.
+
+The durability rule: an LSN is confirmed to PostgreSQL only after the broker acknowledged
+every record up to that commit, so a crash anywhere re-sends and never skips. The ordering
+rule: after any producer error the daemon drops the producer and rewinds the replication
+stream to the last confirmed LSN (resending is harmless, reordering is not).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from cdc import pgoutput
+from cdc.changes import ChangeRenderer, NoKey, Record, Txn
+from cdc.config import Config, TopicConfig
+from cdc.events import KeyUnavailable
+from cdc.metrics import Metrics
+from cdc.naming import topic_name
+from cdc.preflight import (
+    PreflightError,
+    check_server,
+    check_slot,
+    connect_catalog,
+    ensure_publication,
+    resolve_tables,
+)
+from cdc.producer import RECORD_OVERHEAD, Producer, ProducerError, RecordTooLarge, make_producer
+from cdc.replication import (
+    ReplicationConnection,
+    ReplicationLost,
+    format_lsn,
+    parse_keepalive,
+    parse_xlogdata,
+)
+from cdc.spill import SpillStore
+from cdc.topics import TopicAdmin, TopicError
+
+log = logging.getLogger(__name__)
+
+ProducerFactory = Callable[[TopicConfig, dict[str, int]], Producer]
+_W, _K, _STREAM_STOP = ord("w"), ord("k"), ord("E")
+_CHANGES = frozenset((pgoutput.Insert, pgoutput.Update, pgoutput.Delete, pgoutput.Truncate))
+
+
+class FatalError(Exception):
+    """Stop without confirming past the failure; the message names the fix."""
+
+
+class _Backoff:
+    """Exponential backoff that logs once per state change, not once per attempt."""
+
+    def __init__(self, what: str, first_s: float = 0.5, max_s: float = 30.0) -> None:
+        self.what, self.first_s, self.max_s = what, first_s, max_s
+        self.delay = 0.0
+        self.failing_since: float | None = None
+
+    def failed(self, reason: str) -> float:
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+            log.warning("%s lost (%s); retrying with backoff", self.what, reason)
+            self.delay = self.first_s
+        else:
+            self.delay = min(self.delay * 2, self.max_s)
+        return self.delay
+
+    def recovered(self) -> None:
+        if self.failing_since is not None:
+            log.warning("%s back after %.1f s", self.what, time.monotonic() - self.failing_since)
+            self.failing_since = None
+
+
+class Daemon:
+    def __init__(self, config: Config, producer_factory: ProducerFactory = make_producer) -> None:
+        self.config = config
+        self.producer_factory = producer_factory
+        self.metrics = Metrics()
+        self.stopping = False
+        self.confirmed = 0  # highest commit end LSN whose records the broker acknowledged
+        self.server_wal_end = 0
+        self.pending: deque = deque()  # Delivery objects and int commit markers, in send order
+        self.pending_records = 0
+        self._open_commits: deque[tuple[int, int]] = deque()  # (end LSN, commit ts) not yet acknowledged
+        self.producer: Producer | None = None
+        self.repl: ReplicationConnection | None = None
+        self.last_status = 0.0
+        self.sent_confirmed = -1
+        self.topic_limits: dict[str, int] = {}
+        self.partition_counts: dict[str, int] = {}
+        self._txn: Txn | None = None
+        self._stream_xid: int | None = None
+        self._table_counts: dict[str, int] = {}
+        self._bytes = 0
+
+    # -- start-up -------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Preflight and setup: every bad input fails here with one line."""
+        cfg = self.config
+        self.catalog = connect_catalog(cfg)
+        check_server(self.catalog)
+        tables = resolve_tables(self.catalog, cfg)
+        state = check_slot(self.catalog, cfg)
+        try:
+            self.admin = TopicAdmin(cfg.topic)
+        except TopicError as exc:
+            raise PreflightError(str(exc)) from None
+        topics = [topic_name(cfg.topic.prefix, t.schema, t.table) for t in tables]
+        try:
+            infos = self.admin.ensure(topics)
+        except TopicError as exc:
+            raise PreflightError(str(exc)) from None
+        self._remember_topics(infos)
+        ensure_publication(self.catalog, cfg, tables)
+        if not state.exists:
+            repl = self._connect_replication()
+            created = repl.create_slot(cfg.source.slot)
+            repl.close()
+            log.info("created slot %s at %s", cfg.source.slot, format_lsn(created.consistent_point))
+            self.confirmed = created.consistent_point
+        else:
+            self.confirmed = state.confirmed_flush_lsn or 0
+        self.renderer = ChangeRenderer(
+            self.catalog, cfg.topic.prefix, self.catalog.database(), cfg.source.tables, cfg.events.schemas
+        )
+        self.spill = SpillStore(Path(cfg.daemon.spill_dir) / cfg.source.slot)
+        log.info("capturing %d tables from slot %s at %s", len(tables), cfg.source.slot, format_lsn(self.confirmed))
+
+    def _remember_topics(self, infos: dict) -> None:
+        for name, info in infos.items():
+            known = self.partition_counts.get(name)
+            if known is not None and known != info.partitions:
+                raise FatalError(
+                    f"topic {name} changed from {known} to {info.partitions} partitions under a running pipeline: "
+                    "per-key order is lost; recreate the topic and re-snapshot"
+                )
+            self.partition_counts[name] = info.partitions
+            self.topic_limits[name] = info.max_message_bytes
+
+    def _connect_replication(self) -> ReplicationConnection:
+        return ReplicationConnection(self.config.source.dsn)
+
+    # -- main loop ------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1)."""
+        self._install_signals()
+        cfg = self.config
+        if cfg.daemon.metrics_port:
+            self.metrics.serve(cfg.daemon.metrics_host, cfg.daemon.metrics_port)
+        repl_backoff = _Backoff("PostgreSQL replication connection")
+        broker_backoff = _Backoff("Kafka broker")
+        try:
+            while not self.stopping:
+                try:
+                    if self.producer is None:
+                        self.producer = self.producer_factory(cfg.topic, dict(self.partition_counts))
+                        broker_backoff.recovered()
+                    self.catalog.ensure_connected()
+                    self.repl = self._connect_replication()
+                    self.renderer.reset()
+                    self.spill.clear()
+                    self.decoder = pgoutput.Decoder()
+                    self._txn = None
+                    self._stream_xid = None
+                    self.repl.start(
+                        cfg.source.slot, self.confirmed, cfg.source.publication,
+                        cfg.source.protocol_version, cfg.source.streaming,
+                    )
+                    repl_backoff.recovered()
+                    log.info("streaming from %s", format_lsn(self.confirmed))
+                    self._stream()
+                except (ReplicationLost, psycopg.OperationalError) as exc:
+                    self.metrics.errors.labels("replication").inc()
+                    self._close_replication()
+                    self._drain(cfg.topic.delivery_timeout_ms / 1000)
+                    self._sleep(repl_backoff.failed(_first_line(exc)))
+                except _FATAL:
+                    raise
+                except Exception as exc:
+                    if not _is_producer_error(exc):
+                        raise
+                    self.metrics.errors.labels("producer").inc()
+                    log.error("producer error (%s): rewinding to the last confirmed LSN %s", _first_line(exc), format_lsn(self.confirmed))
+                    self._rewind()
+                    self._sleep(broker_backoff.failed(_first_line(exc)))
+            self._shutdown()
+            return 0
+        except _FATAL as exc:
+            log.error("%s", exc)
+            self._stop_after_fatal()
+            print(f"error: {exc}", flush=True)
+            return 1
+
+    def _stream(self) -> None:
+        repl = self.repl
+        assert repl is not None
+        status_interval = self.config.source.status_interval_s
+        handle = self._handle
+        while not self.stopping:
+            self._advance()
+            messages = repl.read(0.2)
+            for message in messages:
+                kind = message[0]
+                if kind == _W:
+                    start, _, payload = parse_xlogdata(message)
+                    handle(start, payload)
+                elif kind == _K:
+                    wal_end, reply = parse_keepalive(message)
+                    self._server_at(wal_end)
+                    if reply:
+                        self._advance()
+                        self._send_status(force=True)
+            now = time.monotonic()
+            if now - self.last_status >= min(1.0, status_interval) or (
+                self.confirmed != self.sent_confirmed and now - self.last_status >= 0.1
+            ):
+                self._advance()
+                self._send_status()
+
+    def _server_at(self, wal_end: int) -> None:
+        """Idle advance: with nothing pending and no open transaction, every commit below the
+        walsender's position was already received and acknowledged, so the slot may move on
+        (no WAL pile-up while the captured tables are idle and others write)."""
+        self.server_wal_end = max(self.server_wal_end, wal_end)
+        if not self.pending and self._txn is None and self._stream_xid is None and wal_end > self.confirmed:
+            self.confirmed = wal_end
+
+    # -- messages -------------------------------------------------------------------------
+    def _handle(self, change_lsn: int, payload: memoryview) -> None:
+        if self._stream_xid is not None and payload[0] != _STREAM_STOP:
+            self.spill.append(self._stream_xid, change_lsn, payload)  # may still abort: disk, not topic
+            return
+        msg = self.decoder.decode(payload)
+        kind = type(msg)
+        if kind in _CHANGES:
+            for record in self.renderer.records(msg, self._txn, change_lsn):  # type: ignore[arg-type]
+                self._send(record)
+        elif kind is pgoutput.Begin:
+            self._txn = Txn(msg.final_lsn, msg.commit_ts_us, msg.xid)
+        elif kind is pgoutput.Commit:
+            self._committed(msg.end_lsn, msg.commit_ts_us)
+            self._txn = None
+        elif kind is pgoutput.Relation:
+            self.renderer.relation(msg)
+        elif kind is pgoutput.StreamStart:
+            self._stream_xid = msg.xid
+        elif kind is pgoutput.StreamStop:
+            self._stream_xid = None
+        elif kind is pgoutput.StreamCommit:
+            self._replay(msg)
+        elif kind is pgoutput.StreamAbort:
+            self.spill.abort(msg.xid, msg.subxid)
+        # Origin, Type and logical decoding Message carry nothing for the topics
+
+    def _replay(self, commit: pgoutput.StreamCommit) -> None:
+        """A streamed transaction committed: produce it from its spill file, in order."""
+        txn = Txn(commit.commit_lsn, commit.commit_ts_us, commit.xid)
+        decoder = pgoutput.Decoder(in_stream=True)
+        for n, (change_lsn, payload) in enumerate(self.spill.replay(commit.xid)):
+            msg = decoder.decode(payload)
+            kind = type(msg)
+            if kind in _CHANGES:
+                for record in self.renderer.records(msg, txn, change_lsn):
+                    self._send(record)
+            elif kind is pgoutput.Relation:
+                self.renderer.relation(msg)
+            if n % 5000 == 4999:
+                self._advance()
+                self._send_status()
+        self._committed(commit.end_lsn, commit.commit_ts_us)
+
+    def _committed(self, end_lsn: int, commit_ts_us: int) -> None:
+        self.pending.append(end_lsn)
+        self._open_commits.append((end_lsn, commit_ts_us))
+
+    def _send(self, record: Record) -> None:
+        limit = self.topic_limits.get(record.topic)
+        size = len(record.key) + (len(record.value) if record.value is not None else 0)
+        if limit is not None and size + RECORD_OVERHEAD > limit:
+            raise RecordTooLarge(
+                f"record for table {record.table} key {record.key.decode(errors='replace')[:200]} is {size} bytes, "
+                f"above topic {record.topic}'s max.message.bytes={limit}: raise [topic] max_message_bytes and the "
+                "topic's max.message.bytes, then restart (nothing after this transaction was confirmed)"
+            )
+        if self.pending_records >= self.config.daemon.max_pending_records:
+            self._make_room()
+        self.pending.append(self.producer.send(record.topic, record.key, record.value))  # type: ignore[union-attr]
+        self.pending_records += 1
+        self._table_counts[record.table] = self._table_counts.get(record.table, 0) + 1
+        self._bytes += size
+
+    def _make_room(self) -> None:
+        """Backpressure: wait for acknowledgements, still answering the walsender so
+        wal_sender_timeout never cuts a daemon that waits on a slow broker."""
+        low = self.config.daemon.max_pending_records * 0.8
+        while True:
+            self._advance()
+            if self.pending_records <= low:
+                return
+            self._send_status()
+            time.sleep(0.002)
+
+    def _advance(self) -> None:
+        """Pop acknowledged records from the head; a commit marker confirms its LSN."""
+        pending = self.pending
+        producer = self.producer
+        if producer is not None:
+            producer.poll()
+        acked = 0
+        while pending:
+            head = pending[0]
+            if head.__class__ is int:
+                self.confirmed = max(self.confirmed, head)
+                pending.popleft()
+                self.metrics.transactions.inc()
+                continue
+            if not head.done():
+                break
+            error = head.error()
+            if error is not None:
+                self.pending_records -= acked
+                raise ProducerError(str(error) or type(error).__name__)
+            pending.popleft()
+            acked += 1
+        self.pending_records -= acked
+
+    def _send_status(self, force: bool = False) -> None:
+        repl = self.repl
+        if repl is None:
+            return
+        now = time.monotonic()
+        if not force and now - self.last_status < 0.1:
+            return
+        repl.send_status(self.confirmed)
+        self.last_status = now
+        self.sent_confirmed = self.confirmed
+        m = self.metrics
+        m.acked_lsn.set(self.confirmed)
+        m.server_lsn.set(self.server_wal_end)
+        m.lag_bytes.set(max(0, self.server_wal_end - self.confirmed))
+        opened = self._open_commits
+        while opened and opened[0][0] <= self.confirmed:
+            opened.popleft()
+        m.lag_seconds.set(max(0.0, time.time() - opened[0][1] / 1e6) if opened else 0.0)
+        m.pending.set(self.pending_records)
+        for table, count in self._table_counts.items():
+            m.events.labels(table).inc(count)
+        self._table_counts.clear()
+        m.bytes.inc(self._bytes)
+        self._bytes = 0
+
+    # -- recovery and shutdown --------------------------------------------------------------
+    def _drain(self, timeout_s: float) -> None:
+        """Wait for every sent record's fate (used before reconnecting and when stopping)."""
+        if self.producer is None:
+            return
+        self.producer.flush(timeout_s)
+        self._advance()
+
+    def _rewind(self) -> None:
+        """Drop the producer and everything unconfirmed: the stream restarts at `confirmed`."""
+        self._close_replication()
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
+        self.pending.clear()
+        self._open_commits.clear()
+        self.pending_records = 0
+
+    def _close_replication(self) -> None:
+        if self.repl is not None:
+            self.repl.close()
+            self.repl = None
+
+    def _shutdown(self) -> None:
+        log.info("stopping: flushing and confirming")
+        try:
+            self._drain(self.config.topic.delivery_timeout_ms / 1000)
+        except ProducerError as exc:
+            log.error("records not acknowledged at shutdown (%s): they will be sent again on restart", exc)
+        try:
+            self._send_status(force=True)
+        except ReplicationLost:
+            pass
+        self._close_replication()
+        if self.producer is not None:
+            self.producer.close()
+        log.info("stopped at confirmed LSN %s", format_lsn(self.confirmed))
+
+    def _stop_after_fatal(self) -> None:
+        """Confirm only what was acknowledged before the failure, then let go."""
+        try:
+            self._drain(10)
+        except ProducerError:
+            pass
+        try:
+            self._send_status(force=True)
+        except ReplicationLost:
+            pass
+        self._close_replication()
+        if self.producer is not None:
+            self.producer.close()
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(0.1, deadline - time.monotonic()))
+
+    def _install_signals(self) -> None:
+        def stop(signum, _frame) -> None:
+            log.info("received %s", signal.Signals(signum).name)
+            self.stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+
+_FATAL = (FatalError, NoKey, KeyUnavailable, RecordTooLarge)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _is_producer_error(exc: BaseException) -> bool:
+    if isinstance(exc, ProducerError):
+        return True
+    try:
+        from kafka.errors import KafkaError
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, KafkaError)

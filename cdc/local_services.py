@@ -1,0 +1,622 @@
+"""Throwaway local services for the tests and for `cdc demo`.
+
+`LocalPostgres` initdb's a private cluster with ``wal_level=logical`` (the shared
+cluster on 5432, where there is one, runs with the default ``wal_level`` and must
+not be touched). `LocalBroker` runs the Kafka-protocol broker from the PyPI
+package ``noida-db``, because Apache Kafka cannot be installed here.
+
+Both bind 127.0.0.1 on a free port, put everything under a directory the caller
+chooses, can be stopped and restarted on the same port with their data kept,
+and are stopped at interpreter exit if the caller forgot to (``stop_at_exit``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import glob
+import importlib.resources
+import logging
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+__all__ = ["LocalBroker", "LocalPostgres", "free_port"]
+
+_LOCALHOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago.
+
+    Another process can still take it before the server binds it, so the
+    services below retry with a fresh port when they chose the port themselves.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((_LOCALHOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _log_tail(path: Path, offset: int = 0, lines: int = 12) -> str:
+    """The last lines of a log written since `offset`, on one line (errors stay one line)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return f"(no log at {path})"
+    kept = [ln.strip() for ln in text.splitlines() if ln.strip() and "GLIBC_" not in ln]
+    return " | ".join(kept[-lines:]) or f"(log {path} is empty)"
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+_LIVE: set[_Stoppable] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """Never leave a server behind when a demo or a test run exits without stopping it."""
+    for service in list(_LIVE):
+        with contextlib.suppress(Exception):
+            service.stop()
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def _pg_version_key(bin_dir: str) -> tuple[int, ...]:
+    name = Path(bin_dir).parent.name
+    return tuple(int(p) for p in re.findall(r"\d+", name)) or (0,)
+
+
+def find_pg_bin_dir() -> Path:
+    """PostgreSQL server binaries that can do logical decoding with pgoutput.
+
+    Order: ``$CDC_PG_BIN``; the highest ``/usr/lib/postgresql/*/bin`` holding
+    initdb with pgoutput.so next to it (Debian's layout); ``pg_config --bindir``.
+    """
+    env = os.environ.get("CDC_PG_BIN")
+    if env:
+        path = Path(env)
+        if not (path / "initdb").is_file():
+            raise RuntimeError(f"CDC_PG_BIN={env} has no initdb")
+        return path
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_pg_version_key, reverse=True)
+    for cand in candidates:
+        path = Path(cand)
+        if (path / "initdb").is_file() and (path.parent / "lib" / "pgoutput.so").is_file():
+            return path
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(
+                [pg_config, "--bindir", "--pkglibdir"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=10,
+            ).stdout.split("\n")
+            bindir, pkglibdir = Path(out[0].strip()), Path(out[1].strip())
+            if (bindir / "initdb").is_file() and (pkglibdir / "pgoutput.so").is_file():
+                return bindir
+    raise RuntimeError(
+        "no PostgreSQL server binaries with pgoutput found: run `apt-get install postgresql` "
+        "(or point CDC_PG_BIN at a bin dir holding initdb, pg_ctl and postgres)"
+    )
+
+
+def _conf_value(value: str) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+_HBA = """\
+# Written by cdc.local_services: a throwaway cluster reachable only from this machine.
+local   all          all                    trust
+host    all          all    127.0.0.1/32    trust
+local   replication  all                    trust
+host    replication  all    127.0.0.1/32    trust
+"""
+
+
+class LocalPostgres:
+    """A throwaway PostgreSQL cluster with wal_level=logical on a free 127.0.0.1 port.
+
+    Layout: ``<base_dir>/data`` (PGDATA), ``<base_dir>/postgres.log``, unix socket in
+    ``<base_dir>``. initdb and postgres refuse to run as root, so as root they run as
+    the ``postgres`` OS user, and ``base_dir`` is chowned to it. When that user
+    cannot reach ``base_dir`` (pytest's tmp root is mode 0700, so is /root), the
+    cluster lives in a ``cdc-localpg-*`` directory under /tmp instead,
+    ``<base_dir>/data`` is a symlink to its PGDATA, and `close` deletes it.
+    """
+
+    DEFAULT_SETTINGS: dict[str, str] = {
+        "wal_level": "logical",
+        "max_replication_slots": "20",
+        "max_wal_senders": "20",
+        "listen_addresses": _LOCALHOST,
+        "fsync": "off",  # throwaway data: no reason to wait for the disk
+        "full_page_writes": "off",
+        "max_connections": "100",
+        "logging_collector": "off",  # postmaster's stderr already goes to postgres.log
+    }
+
+    def __init__(
+        self,
+        base_dir: str | Path,
+        port: int | None = None,
+        settings: dict[str, str] | None = None,
+        *,
+        stop_at_exit: bool = True,
+    ) -> None:
+        self.base_dir = Path(base_dir).absolute()
+        self._auto_port = port is None
+        self.port: int = port if port is not None else free_port()
+        self.settings: dict[str, str] = {**self.DEFAULT_SETTINGS, **(settings or {})}
+        self.stop_at_exit = stop_at_exit
+        self.log_path = self.base_dir / "postgres.log"
+        self._bin_dir: Path | None = None
+        self._cluster_dir: Path | None = None  # owns data/ and the unix socket
+        self._relocated = False
+
+    # -- discovery ---------------------------------------------------------------------
+    @property
+    def bin_dir(self) -> Path:
+        """Server binaries (see `find_pg_bin_dir`); looked up once, on first use."""
+        if self._bin_dir is None:
+            self._bin_dir = find_pg_bin_dir()
+        return self._bin_dir
+
+    @property
+    def data_dir(self) -> Path:
+        """PGDATA (inside the relocated directory when base_dir is out of reach)."""
+        return self._resolve_cluster_dir() / "data"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self._resolve_cluster_dir()
+
+    def _server_user(self) -> pwd.struct_passwd | None:
+        """The OS user that runs initdb/pg_ctl: ``postgres`` when we are root, else ourselves."""
+        if os.geteuid() != 0:
+            return None
+        try:
+            return pwd.getpwnam("postgres")
+        except KeyError:
+            raise RuntimeError(
+                "running as root needs a `postgres` OS user for initdb "
+                "(`apt-get install postgresql` creates it); or run as a non-root user"
+            ) from None
+
+    def _run_kwargs(self) -> dict[str, Any]:
+        user = self._server_user()
+        kwargs: dict[str, Any] = {"stdin": subprocess.DEVNULL}
+        if user is not None:
+            kwargs.update(
+                user=user.pw_uid,
+                group=user.pw_gid,
+                extra_groups=os.getgrouplist(user.pw_name, user.pw_gid),
+                env={**os.environ, "HOME": user.pw_dir, "USER": user.pw_name,
+                     "LOGNAME": user.pw_name},
+            )
+        return kwargs
+
+    def _server_user_can_write(self, path: Path) -> bool:
+        """Whether the server user can reach and write `path` (all its parents must be searchable)."""
+        result = subprocess.run(
+            ["test", "-d", str(path), "-a", "-w", str(path), "-a", "-x", str(path)],
+            cwd="/",
+            check=False,
+            timeout=30,
+            **self._run_kwargs(),
+        )
+        return result.returncode == 0
+
+    def _resolve_cluster_dir(self) -> Path:
+        if self._cluster_dir is not None:
+            return self._cluster_dir
+        link = self.base_dir / "data"
+        if link.is_symlink():  # a relocated cluster made by an earlier LocalPostgres
+            target = Path(os.readlink(link))
+            if target.is_dir():
+                self._cluster_dir, self._relocated = target.parent, True
+                return self._cluster_dir
+            link.unlink()
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        user = self._server_user()
+        if user is None:
+            self._cluster_dir = self.base_dir
+            return self._cluster_dir
+        os.chown(self.base_dir, user.pw_uid, user.pw_gid)
+        if self._server_user_can_write(self.base_dir):
+            self._cluster_dir = self.base_dir
+            return self._cluster_dir
+        for root in dict.fromkeys([tempfile.gettempdir(), "/tmp", "/var/tmp"]):
+            if not os.path.isdir(root):
+                continue
+            cand = Path(tempfile.mkdtemp(prefix="cdc-localpg-", dir=root))
+            os.chown(cand, user.pw_uid, user.pw_gid)
+            if self._server_user_can_write(cand):
+                (cand / "data").mkdir(mode=0o700)
+                os.chown(cand / "data", user.pw_uid, user.pw_gid)
+                link.symlink_to(cand / "data")
+                self._cluster_dir, self._relocated = cand, True
+                return cand
+            cand.rmdir()
+        raise RuntimeError(
+            f"the postgres OS user cannot reach {self.base_dir} nor a temp dir: "
+            "pick a base_dir it can traverse"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
+        """libpq DSN over TCP (replication connections are allowed from 127.0.0.1)."""
+        return make_conninfo("", host=_LOCALHOST, port=self.port, user=user, dbname=dbname)
+
+    @property
+    def running(self) -> bool:
+        if self._cluster_dir is None and not (self.base_dir / "data").exists():
+            return False
+        if not (self.data_dir / "postmaster.pid").exists():
+            return False
+        result = subprocess.run(
+            [str(self.bin_dir / "pg_ctl"), "status", "-D", str(self.data_dir)],
+            capture_output=True,
+            cwd=self.socket_dir,
+            check=False,
+            timeout=30,
+            **self._run_kwargs(),
+        )
+        return result.returncode == 0
+
+    def _initdb(self) -> None:
+        data = self.data_dir
+        user = self._server_user()
+        if not data.exists():
+            data.mkdir(mode=0o700)
+            if user is not None:
+                os.chown(data, user.pw_uid, user.pw_gid)
+        offset = _file_size(self.log_path)
+        with self.log_path.open("ab") as log:
+            result = subprocess.run(
+                [
+                    str(self.bin_dir / "initdb"),
+                    "-D", str(data),
+                    "-U", "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.socket_dir,
+                check=False,
+                timeout=300,
+                **self._run_kwargs(),
+            )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"initdb failed (exit {result.returncode}): {_log_tail(self.log_path, offset)}"
+            )
+        (data / "pg_hba.conf").write_text(_HBA)
+        with (data / "postgresql.conf").open("a") as fh:
+            fh.write("\ninclude_if_exists = 'cdc_local.conf'\n")
+
+    def _write_settings(self) -> None:
+        settings = {
+            **self.settings,
+            "port": str(self.port),
+            "unix_socket_directories": str(self.socket_dir),
+        }
+        lines = ["# Written by cdc.local_services on every start; edits are lost."]
+        lines += [f"{name} = {_conf_value(value)}" for name, value in settings.items()]
+        path = self.data_dir / "cdc_local.conf"
+        path.write_text("\n".join(lines) + "\n")
+        user = self._server_user()
+        if user is not None:
+            os.chown(path, user.pw_uid, user.pw_gid)
+
+    def start(self) -> LocalPostgres:
+        """initdb on first use, then start and wait until it accepts connections."""
+        if self.running:
+            return self
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._initdb()
+        for attempt in range(4):
+            self._write_settings()
+            offset = _file_size(self.log_path)
+            t0 = time.monotonic()
+            with self.log_path.open("ab") as log:
+                # No -l: postmaster inherits this fd, so the log may live where the
+                # server user cannot write. -w waits until it accepts connections.
+                result = subprocess.run(
+                    [str(self.bin_dir / "pg_ctl"), "start", "-w", "-t", "60",
+                     "-D", str(self.data_dir)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.socket_dir,
+                    start_new_session=True,
+                    check=False,
+                    timeout=120,
+                    **self._run_kwargs(),
+                )
+            if result.returncode == 0 and self._wait_connectable(t0 + 30):
+                if self.stop_at_exit:
+                    _LIVE.add(self)
+                return self
+            tail = _log_tail(self.log_path, offset)
+            if self._auto_port and attempt < 3 and "already in use" in tail:
+                self.port = free_port()  # lost the race for the port: try another
+                continue
+            with contextlib.suppress(Exception):
+                self.stop(mode="immediate")
+            raise RuntimeError(f"PostgreSQL did not start on port {self.port}: {tail}")
+        raise AssertionError("unreachable")
+
+    def _wait_connectable(self, deadline: float) -> bool:
+        while True:
+            try:
+                with psycopg.connect(self.dsn(), connect_timeout=5, autocommit=True) as conn:
+                    conn.execute("SELECT 1")
+                return True
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.1)
+
+    def stop(self, mode: str = "fast") -> None:
+        """``pg_ctl stop -m mode`` (smart, fast or immediate); a no-op when not running."""
+        _LIVE.discard(self)
+        if self._cluster_dir is None and not (self.base_dir / "data").exists():
+            return
+        if not (self.data_dir / "postmaster.pid").exists():
+            return
+        offset = _file_size(self.log_path)
+        with self.log_path.open("ab") as log:
+            result = subprocess.run(
+                [str(self.bin_dir / "pg_ctl"), "stop", "-w", "-t", "60", "-m", mode,
+                 "-D", str(self.data_dir)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.socket_dir,
+                check=False,
+                timeout=120,
+                **self._run_kwargs(),
+            )
+        if result.returncode != 0 and (self.data_dir / "postmaster.pid").exists():
+            raise RuntimeError(
+                f"pg_ctl stop failed (exit {result.returncode}): "
+                f"{_log_tail(self.log_path, offset)}"
+            )
+
+    def restart(self) -> None:
+        """Stop (fast) and start again on the same port with the same data."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Stop; delete the cluster if it was relocated out of base_dir (nothing else would)."""
+        self.stop()
+        if self._relocated and self._cluster_dir is not None:
+            shutil.rmtree(self._cluster_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                (self.base_dir / "data").unlink()
+            self._cluster_dir, self._relocated = None, False
+
+    def __enter__(self) -> LocalPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- helpers -----------------------------------------------------------------------
+    def create_database(self, name: str) -> str:
+        """CREATE DATABASE `name`; returns its DSN."""
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return self.dsn(name)
+
+    def __repr__(self) -> str:
+        return f"LocalPostgres(port={self.port}, base_dir={str(self.base_dir)!r})"
+
+
+# --------------------------------------------------------------------------- Kafka broker
+
+
+def find_noida_db() -> list[str]:
+    """The command that runs noida-db.
+
+    The native binary inside the ``noida_db`` package is preferred over the
+    ``noida-db`` console script: the script is a Python wrapper that does not pass
+    SIGTERM on, so stopping it would not let the broker save its data.
+    """
+    env = os.environ.get("CDC_NOIDA_DB_BIN")
+    if env:
+        return [env]
+    with contextlib.suppress(ModuleNotFoundError, OSError, TypeError):
+        binary = Path(str(importlib.resources.files("noida_db").joinpath("noida-db")))
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return [str(binary)]
+    script = shutil.which("noida-db")
+    if script:
+        return [script]
+    raise RuntimeError(
+        "noida-db not found: `python -m pip install noida-db` "
+        "(or `pip install -e '.[local]'`), or set CDC_NOIDA_DB_BIN"
+    )
+
+
+class LocalBroker:
+    """A Kafka-protocol broker process (noida-db from PyPI) on a free 127.0.0.1 port.
+
+    ``data_dir`` holds noida-db's state (``kafka.json``: every topic, config and
+    record, written periodically and on SIGTERM; ``noida.control.json`` while it
+    runs) and our ``broker.log``. noida-db loses recently acknowledged records on
+    SIGKILL, so `stop` is graceful and `restart` keeps the data.
+    """
+
+    START_TIMEOUT_S = 30.0
+    STOP_TIMEOUT_S = 20.0
+
+    def __init__(
+        self, data_dir: str | Path, port: int | None = None, *, stop_at_exit: bool = True
+    ) -> None:
+        self.data_dir = Path(data_dir).absolute()
+        self._auto_port = port is None
+        self.port: int = port if port is not None else free_port()
+        self.stop_at_exit = stop_at_exit
+        self.log_path = self.data_dir / "broker.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{_LOCALHOST}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> LocalBroker:
+        """Start noida-db in its own process group; return once a metadata request succeeds."""
+        if self.running:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        command = find_noida_db()
+        for attempt in range(4):
+            offset = _file_size(self.log_path)
+            with self.log_path.open("ab") as log:
+                self._proc = subprocess.Popen(
+                    [*command, "start", "--only", "kafka", "--kafka-port", str(self.port),
+                     "--data-dir", str(self.data_dir)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.data_dir,
+                    start_new_session=True,  # stop() signals the whole group
+                )
+            error = self._wait_ready(time.monotonic() + self.START_TIMEOUT_S)
+            if error is None:
+                if self.stop_at_exit:
+                    _LIVE.add(self)
+                return self
+            self._kill_group(signal.SIGKILL)
+            tail = _log_tail(self.log_path, offset)
+            if self._auto_port and attempt < 3 and "already in use" in tail:
+                self.port = free_port()  # lost the race for the port: try another
+                continue
+            raise RuntimeError(f"noida-db did not start on port {self.port}: {error}: {tail}")
+        raise AssertionError("unreachable")
+
+    def _wait_ready(self, deadline: float) -> str | None:
+        """None once the broker answers a Kafka metadata request, else why not."""
+        from kafka.errors import KafkaConfigurationError  # deferred: kafka is slow to import
+
+        assert self._proc is not None
+        why = "timed out"
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                return f"exited with code {self._proc.returncode}"
+            try:
+                socket.create_connection((_LOCALHOST, self.port), timeout=1).close()
+            except OSError as exc:
+                why = f"port closed ({exc})"
+                time.sleep(0.02)
+                continue
+            try:
+                self._probe()
+                return None
+            except (ImportError, TypeError, KafkaConfigurationError):
+                raise  # our bug, not a broker that is still starting
+            except Exception as exc:  # noqa: BLE001 - any other failure means "not ready yet"
+                why = f"metadata probe failed ({type(exc).__name__}: {exc})"
+                time.sleep(0.1)
+        return f"not ready after {self.START_TIMEOUT_S:.0f} s, {why}"
+
+    def _probe(self) -> None:
+        from kafka import KafkaAdminClient
+
+        kafka_log = logging.getLogger("kafka")
+        level = kafka_log.level
+        kafka_log.setLevel(logging.CRITICAL)  # a refused probe is expected while starting
+        try:
+            admin = KafkaAdminClient(
+                bootstrap_servers=self.bootstrap_servers,
+                client_id="cdc-local-broker-probe",
+                request_timeout_ms=5000,
+            )
+            try:
+                admin.list_topics()
+            finally:
+                admin.close()
+        finally:
+            kafka_log.setLevel(level)
+
+    def _kill_group(self, sig: signal.Signals) -> None:
+        if self._proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
+        if sig == signal.SIGKILL:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """SIGTERM the process group (noida-db saves its data), SIGKILL after 20 s; idempotent."""
+        _LIVE.discard(self)
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._kill_group(signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._kill_group(signal.SIGKILL)
+        # Anything else left in the group (the console-script wrapper's child) goes too.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.05)
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self._proc = None
+
+    def restart(self) -> None:
+        """Graceful stop, then start on the same port and data dir (the data survives)."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> LocalBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"LocalBroker({self.bootstrap_servers}, data_dir={str(self.data_dir)!r})"

@@ -1,0 +1,191 @@
+"""Checks before streaming, and the source-side setup (publication, slot, replica identity).
+
+Every failure is one line that names the fix: a daemon that starts and then silently
+captures nothing (or the wrong thing) is worse than one that refuses to start.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import psycopg
+
+from cdc.catalog import CapturedTable, Catalog
+from cdc.config import Config
+from cdc.naming import qualified, quote_ident
+from cdc.redact import redact_dsn
+from cdc.replication import parse_lsn
+
+log = logging.getLogger(__name__)
+
+
+class PreflightError(Exception):
+    """The daemon cannot start; the message is one line naming the fix."""
+
+
+@dataclass(frozen=True)
+class SlotState:
+    exists: bool
+    confirmed_flush_lsn: int | None = None
+    active_pid: int | None = None
+    wal_status: str | None = None
+
+
+def connect_catalog(config: Config) -> Catalog:
+    try:
+        return Catalog(config.source.dsn)
+    except psycopg.Error as exc:
+        reason = redact_dsn(str(exc).strip().splitlines()[0]) if str(exc).strip() else type(exc).__name__
+        raise PreflightError(
+            f"cannot connect to PostgreSQL ({reason}): check [source] dsn / CDC_SOURCE_DSN "
+            f"({redact_dsn(config.source.dsn)})"
+        ) from None
+
+
+def check_server(catalog: Catalog) -> None:
+    """wal_level and the role's REPLICATION attribute."""
+    wal_level = catalog.conn.execute("SHOW wal_level").fetchone()[0]  # type: ignore[index]
+    if wal_level != "logical":
+        raise PreflightError(
+            f"wal_level is '{wal_level}', logical decoding needs 'logical': run ALTER SYSTEM SET wal_level = logical "
+            "(or set it in postgresql.conf) and restart PostgreSQL"
+        )
+    role, can_replicate = catalog.conn.execute(
+        "SELECT rolname, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()  # type: ignore[misc]
+    if not can_replicate:
+        raise PreflightError(
+            f"role {role} lacks the REPLICATION attribute: run ALTER ROLE {quote_ident(role)} REPLICATION as a superuser"
+        )
+
+
+def resolve_tables(catalog: Catalog, config: Config) -> list[CapturedTable]:
+    """The captured tables, each readable and keyed; warns about TOAST placeholders."""
+    tables, unmatched = catalog.resolve(config.source.tables)
+    if unmatched:
+        raise PreflightError(
+            f"table {unmatched[0]} not found in database {catalog.database()}: check [source] tables "
+            "(identifiers are case-folded unless double-quoted)"
+        )
+    role = catalog.conn.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
+    for table in tables:
+        name = qualified(table.schema, table.table)
+        allowed = catalog.conn.execute("SELECT has_table_privilege(%s, 'SELECT')", (table.oid,)).fetchone()[0]  # type: ignore[index]
+        if not allowed:
+            raise PreflightError(f"role {role} lacks SELECT on {table.display}: run GRANT SELECT ON {name} TO {quote_ident(role)}")
+        if not table.key_columns:
+            raise PreflightError(
+                f"table {table.display} has no primary key and no replica identity index, so its rows have no key "
+                f"in a compacted topic: add a primary key, or ALTER TABLE {name} REPLICA IDENTITY USING INDEX <unique index>"
+            )
+        if table.replica_identity == "n":
+            raise PreflightError(
+                f"table {table.display} has REPLICA IDENTITY NOTHING, so deletes carry no key: "
+                f"run ALTER TABLE {name} REPLICA IDENTITY DEFAULT (or FULL)"
+            )
+    return [_apply_toast_policy(catalog, config, t) for t in tables]
+
+
+def _apply_toast_policy(catalog: Catalog, config: Config, table: CapturedTable) -> CapturedTable:
+    if table.replica_identity != "d" or not table.toastable_columns:
+        return table
+    name = qualified(table.schema, table.table)
+    if config.source.set_replica_identity_full:
+        try:
+            catalog.conn.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
+        except psycopg.Error as exc:
+            raise PreflightError(
+                f"cannot set REPLICA IDENTITY FULL on {table.display} ({exc.diag.message_primary}): run it as the "
+                "table's owner, or set [source] set_replica_identity_full = false"
+            ) from None
+        log.info("set REPLICA IDENTITY FULL on %s (set_replica_identity_full = true)", table.display)
+        return catalog.describe(table.oid, table.schema, table.table, "f")
+    log.warning(
+        "table %s has TOASTable columns (%s) under REPLICA IDENTITY DEFAULT: an UPDATE that leaves a large value "
+        "unchanged sends the placeholder __debezium_unavailable_value, and compaction then keeps the placeholder; "
+        "set [source] set_replica_identity_full = true (ALTER TABLE %s REPLICA IDENTITY FULL) to send real values",
+        table.display, ", ".join(table.toastable_columns), name,
+    )
+    return table
+
+
+def ensure_publication(catalog: Catalog, config: Config, tables: list[CapturedTable]) -> None:
+    """Create the publication, or add the tables it lacks; partitions publish through their root."""
+    pub = config.source.publication
+    row = catalog.conn.execute(
+        "SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = %s", (pub,)
+    ).fetchone()
+    names = ", ".join(qualified(t.schema, t.table) for t in tables)
+    try:
+        if row is None:
+            catalog.conn.execute(f"CREATE PUBLICATION {quote_ident(pub)} FOR TABLE {names} WITH (publish_via_partition_root = true)")
+            log.info("created publication %s for %d tables", pub, len(tables))
+            return
+        if row[0]:
+            return
+        present = {
+            (r[0], r[1])
+            for r in catalog.conn.execute(
+                "SELECT n.nspname, c.relname FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid "
+                "JOIN pg_class c ON c.oid = pr.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE p.pubname = %s",
+                (pub,),
+            ).fetchall()
+        }
+        missing = [t for t in tables if (t.schema, t.table) not in present]
+        if missing:
+            catalog.conn.execute(
+                f"ALTER PUBLICATION {quote_ident(pub)} ADD TABLE "
+                + ", ".join(qualified(t.schema, t.table) for t in missing)
+            )
+            log.info("added %d tables to publication %s", len(missing), pub)
+        if not row[1]:
+            catalog.conn.execute(f"ALTER PUBLICATION {quote_ident(pub)} SET (publish_via_partition_root = true)")
+    except psycopg.Error as exc:
+        raise PreflightError(
+            f"cannot create or alter publication {pub} ({exc.diag.message_primary}): the role must own the tables "
+            f"(or create it as a superuser: CREATE PUBLICATION {quote_ident(pub)} FOR TABLE {names} "
+            "WITH (publish_via_partition_root = true))"
+        ) from None
+
+
+def slot_state(catalog: Catalog, slot: str) -> SlotState:
+    row = catalog.conn.execute(
+        "SELECT plugin, database, confirmed_flush_lsn::text, active_pid, wal_status "
+        "FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return SlotState(False)
+    plugin, database, confirmed, pid, wal_status = row
+    if plugin != "pgoutput" or database != catalog.database():
+        raise PreflightError(
+            f"slot {slot} belongs to database {database} with plugin {plugin}, not {catalog.database()} with pgoutput: "
+            "set [source] slot to another name"
+        )
+    return SlotState(True, parse_lsn(confirmed) if confirmed else None, pid, wal_status)
+
+
+def check_slot(catalog: Catalog, config: Config) -> SlotState:
+    """An existing slot must be healthy and free; waits briefly for a dying previous walsender."""
+    slot = config.source.slot
+    deadline = time.monotonic() + config.source.slot_wait_s
+    while True:
+        state = slot_state(catalog, slot)
+        if not state.exists:
+            return state
+        if state.wal_status == "lost":
+            raise PreflightError(
+                f"slot {slot} has lost WAL it needed (wal_status=lost), so changes are missing from it: drop it with "
+                f"SELECT pg_drop_replication_slot('{slot}') and start again with a fresh snapshot of the tables"
+            )
+        if state.active_pid is None:
+            return state
+        if time.monotonic() >= deadline:
+            raise PreflightError(
+                f"slot {slot} is in use by PID {state.active_pid} (another cdc run?): stop that process, "
+                "or set [source] slot to another name"
+            )
+        time.sleep(0.2)

@@ -1,0 +1,71 @@
+"""`cdc status`: how far the slot and the topics are, answerable without the daemon."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdc.config import Config
+from cdc.preflight import connect_catalog
+from cdc.topics import TopicAdmin
+
+_SLOT_SQL = """
+SELECT s.slot_name, s.active, s.active_pid, s.confirmed_flush_lsn::text, s.restart_lsn::text, s.wal_status,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint AS retained_bytes,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
+       pg_current_wal_lsn()::text,
+       EXTRACT(EPOCH FROM r.flush_lag)::float8 AS lag_seconds,
+       EXTRACT(EPOCH FROM now() - r.reply_time)::float8 AS last_reply_age_s
+FROM pg_replication_slots s
+LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+WHERE s.slot_name = %s
+"""
+
+
+def collect(config: Config) -> dict[str, Any]:
+    """Slot state, lag in bytes and seconds, and per-topic end offsets."""
+    catalog = connect_catalog(config)
+    try:
+        row = catalog.conn.execute(_SLOT_SQL, (config.source.slot,)).fetchone()
+    finally:
+        catalog.close()
+    slot: dict[str, Any] | None = None
+    if row is not None:
+        keys = [
+            "name", "active", "active_pid", "confirmed_flush_lsn", "restart_lsn", "wal_status",
+            "retained_wal_bytes", "lag_bytes", "server_lsn", "lag_seconds", "last_reply_age_s",
+        ]
+        slot = dict(zip(keys, row, strict=True))
+        if slot["active"] and slot["lag_seconds"] is None:
+            slot["lag_seconds"] = 0.0  # an active walsender with no measured lag is caught up
+    admin = TopicAdmin(config.topic)
+    try:
+        topics = admin.topics_with_prefix(config.topic.prefix)
+        offsets = admin.end_offsets(topics)
+    finally:
+        admin.close()
+    return {
+        "slot": slot,
+        "topics": {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in offsets.items()},
+    }
+
+
+def render(status: dict[str, Any]) -> str:
+    """The human form."""
+    lines = []
+    slot = status["slot"]
+    if slot is None:
+        lines.append("slot: absent (cdc run creates it)")
+    else:
+        state = "active" if slot["active"] else "inactive"
+        lines.append(f"slot {slot['name']}: {state}" + (f" (pid {slot['active_pid']})" if slot["active_pid"] else ""))
+        lines.append(f"  confirmed_flush_lsn  {slot['confirmed_flush_lsn']}   server at {slot['server_lsn']}")
+        lines.append(f"  wal_status           {slot['wal_status']}")
+        lines.append(f"  WAL retained         {slot['retained_wal_bytes']:,} bytes")
+        lag_s = "n/a (no walsender)" if slot["lag_seconds"] is None else f"{slot['lag_seconds']:.3f} s"
+        lines.append(f"  lag                  {slot['lag_bytes']:,} bytes, {lag_s}")
+    lines.append("topics:" if status["topics"] else "topics: none yet")
+    for topic, parts in status["topics"].items():
+        total = sum(parts.values())
+        detail = " ".join(f"{p}:{o}" for p, o in parts.items())
+        lines.append(f"  {topic}  {total:,} records  (end offsets {detail})")
+    return "\n".join(lines)

@@ -1,0 +1,139 @@
+"""The compacted topics: create them, check an existing one's policy, read limits and offsets.
+
+A topic that is not compacted would silently grow forever and never forget deleted rows,
+so an existing one with another `cleanup.policy` is refused unless the user says otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from cdc.config import TopicConfig
+from cdc.producer import security_settings
+
+log = logging.getLogger(__name__)
+
+
+class TopicError(Exception):
+    """A broker or topic problem; the message is one line naming the fix."""
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    partitions: int
+    max_message_bytes: int
+    cleanup_policy: str
+
+
+class TopicAdmin:
+    """Admin operations on the Kafka-protocol cluster, through kafka-python's admin client."""
+
+    def __init__(self, config: TopicConfig, timeout_s: float = 15.0) -> None:
+        from kafka.admin import KafkaAdminClient
+        from kafka.errors import KafkaError
+
+        self.config = config
+        try:
+            self._admin = KafkaAdminClient(
+                bootstrap_servers=config.bootstrap_servers.split(","),
+                client_id="cdc-admin",
+                request_timeout_ms=int(timeout_s * 1000),
+                bootstrap_timeout_ms=int(timeout_s * 1000),
+                **security_settings(config),
+            )
+        except KafkaError as exc:
+            raise TopicError(
+                f"cannot reach the Kafka broker at {config.bootstrap_servers} ({type(exc).__name__}): "
+                "start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS"
+            ) from None
+
+    def close(self) -> None:
+        self._admin.close()
+
+    def describe(self, names: list[str]) -> dict[str, TopicInfo]:
+        """Existing topics among `names`, with partition count and the configs we depend on."""
+        from kafka.admin import ConfigResource, ConfigResourceType
+
+        existing = set(self._admin.list_topics())
+        wanted = [n for n in names if n in existing]
+        if not wanted:
+            return {}
+        partitions = {t["name"]: len(t["partitions"]) for t in self._admin.describe_topics(wanted)}
+        configs = self._admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, n) for n in wanted], config_filter="all"
+        )["topic"]
+        out = {}
+        for name in wanted:
+            conf = configs.get(name, {})
+            out[name] = TopicInfo(
+                name=name,
+                partitions=partitions[name],
+                max_message_bytes=int(conf.get("max.message.bytes", {}).get("value", 1048588)),
+                cleanup_policy=conf.get("cleanup.policy", {}).get("value", "delete"),
+            )
+        return out
+
+    def ensure(self, names: list[str]) -> dict[str, TopicInfo]:
+        """Create the missing topics compacted; refuse existing non-compacted ones unless allowed."""
+        from kafka.admin import NewTopic
+        from kafka.errors import TopicAlreadyExistsError
+
+        infos = self.describe(names)
+        for info in infos.values():
+            if "compact" not in info.cleanup_policy.split(","):
+                if not self.config.allow_non_compacted:
+                    raise TopicError(
+                        f"topic {info.name} has cleanup.policy={info.cleanup_policy}, not compact: compaction is what "
+                        "keeps the latest row per key, so set cleanup.policy=compact on it, or set "
+                        "[topic] allow_non_compacted = true to use it anyway"
+                    )
+                log.warning("topic %s is not compacted (cleanup.policy=%s), as allowed", info.name, info.cleanup_policy)
+            if info.partitions != self.config.partitions:
+                log.info(
+                    "topic %s exists with %d partitions ([topic] partitions = %d applies to new topics only)",
+                    info.name, info.partitions, self.config.partitions,
+                )
+        missing = [n for n in names if n not in infos]
+        if missing:
+            topic_configs = {
+                "cleanup.policy": "compact",
+                "min.insync.replicas": str(self.config.min_insync_replicas),
+                "max.message.bytes": str(self.config.max_message_bytes),
+            }
+            new = [
+                NewTopic(n, self.config.partitions, self.config.replication_factor, topic_configs=topic_configs)
+                for n in missing
+            ]
+            for topic in new:
+                try:
+                    self._admin.create_topics([topic])
+                    log.info("created topic %s (%d partitions, compacted)", topic.name, self.config.partitions)
+                except TopicAlreadyExistsError:  # another process won the race: check what it made
+                    pass
+            infos.update(self.describe(missing))
+            for name in missing:
+                if name not in infos:
+                    raise TopicError(f"topic {name} could not be created: check the broker's log and ACLs")
+        return infos
+
+    def end_offsets(self, names: list[str]) -> dict[str, dict[int, int]]:
+        """Per topic, per partition, the offset the next record will get."""
+        from kafka.admin import OffsetSpec
+        from kafka.structs import TopicPartition
+
+        infos = self.describe(names)
+        specs = {
+            TopicPartition(info.name, p): OffsetSpec.LATEST for info in infos.values() for p in range(info.partitions)
+        }
+        if not specs:
+            return {}
+        result = self._admin.list_partition_offsets(specs)
+        out: dict[str, dict[int, int]] = {name: {} for name in infos}
+        for tp, value in result.items():
+            out[tp.topic][tp.partition] = value.offset
+        return out
+
+    def topics_with_prefix(self, prefix: str) -> list[str]:
+        return sorted(t for t in self._admin.list_topics() if t.startswith(prefix + "."))

@@ -1,0 +1,1 @@
+"""Spark sink jobs that keep derived stores in sync from the topics (DESIGN.md)."""
