@@ -148,8 +148,8 @@ class TableEvents:
         return self._envelope_schema
 
 
-def _field(kind: str, name: str, optional: bool = False, **extra: Any) -> dict[str, Any]:
-    return {"type": kind, "optional": optional, **extra, "field": name}
+def _field(kind: str, field_name: str, optional: bool = False, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "optional": optional, **extra, "field": field_name}
 
 
 SOURCE_SCHEMA: dict[str, Any] = {

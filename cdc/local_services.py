@@ -16,6 +16,7 @@ import atexit
 import contextlib
 import glob
 import importlib.resources
+import json
 import logging
 import os
 import pwd
@@ -47,6 +48,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_LOCALHOST, 0))
         return int(sock.getsockname()[1])
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            sock.bind((_LOCALHOST, port))
+        except OSError:
+            return False
+        return True
 
 
 def _log_tail(path: Path, offset: int = 0, lines: int = 12) -> str:
@@ -438,6 +449,33 @@ class LocalPostgres:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         return self.dsn(name)
 
+    def drop_database(self, name: str, timeout: float = 30) -> None:
+        """Drop its logical replication slots (ending walsenders that hold them), then the
+        database itself, ending any other sessions (DROP refuses while slots exist)."""
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.dsn(), autocommit=True) as admin:
+            while True:
+                slots = admin.execute(
+                    "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s",
+                    (name,),
+                ).fetchall()
+                if not slots:
+                    break
+                for slot_name, active_pid in slots:
+                    if active_pid is not None:  # released once that walsender has exited
+                        admin.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
+                        continue
+                    with contextlib.suppress(
+                        psycopg.errors.ObjectInUse, psycopg.errors.UndefinedObject
+                    ):  # re-acquired meanwhile, or already gone: look again
+                        admin.execute("SELECT pg_drop_replication_slot(%s)", (slot_name,))
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"could not drop replication slots {slots} of {name}")
+                time.sleep(0.05)
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
     def __repr__(self) -> str:
         return f"LocalPostgres(port={self.port}, base_dir={str(self.base_dir)!r})"
 
@@ -505,6 +543,11 @@ class LocalBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = find_noida_db()
         for attempt in range(4):
+            if not _port_is_free(self.port):
+                if self._auto_port and attempt < 3:
+                    self.port = free_port()
+                    continue
+                raise RuntimeError(f"noida-db cannot start: port {self.port} is already in use")
             offset = _file_size(self.log_path)
             with self.log_path.open("ab") as log:
                 self._proc = subprocess.Popen(
@@ -538,6 +581,10 @@ class LocalBroker:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 return f"exited with code {self._proc.returncode}"
+            if not self._owns_data_dir():
+                why = "noida.control.json does not name our process yet"
+                time.sleep(0.02)
+                continue
             try:
                 socket.create_connection((_LOCALHOST, self.port), timeout=1).close()
             except OSError as exc:
@@ -553,6 +600,21 @@ class LocalBroker:
                 why = f"metadata probe failed ({type(exc).__name__}: {exc})"
                 time.sleep(0.1)
         return f"not ready after {self.START_TIMEOUT_S:.0f} s, {why}"
+
+    def _owns_data_dir(self) -> bool:
+        """Whether noida-db's control file names a process of our group.
+
+        It is written once the ports are bound. Without this check a broker that
+        exits with "port already in use" would look ready, because the probe reaches
+        whoever holds the port.
+        """
+        assert self._proc is not None
+        try:
+            with (self.data_dir / "noida.control.json").open() as fh:
+                pid = int(json.load(fh)["pid"])
+            return os.getpgid(pid) == self._proc.pid
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
 
     def _probe(self) -> None:
         from kafka import KafkaAdminClient

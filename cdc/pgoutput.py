@@ -239,12 +239,10 @@ _BEGIN_LEN: Final = 1 + 20
 _COMMIT_LEN: Final = 1 + 25
 _STREAM_COMMIT_LEN: Final = 1 + 29
 
-_T, _N, _U, _B = b"tnub"  # TupleData column kinds as ints
-
 
 def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
     """Read a NUL-terminated UTF-8 string at ``pos``; return it and the offset after the NUL."""
-    end = buf.find(b"\0", pos)
+    end = buf.find(0, pos)
     if end < 0:
         raise _Bad(pos, "unterminated string")
     return buf[pos:end].decode(), end + 1
@@ -265,18 +263,18 @@ def _tuple(buf: bytes, pos: int) -> tuple[list[TupleValue], int]:
         while n:
             n -= 1
             kind = buf[pos]
-            if kind == _T:
+            if kind == 116:  # 't' text; first, as it is by far the most common
                 (size,) = _u32(buf, pos + 1)
                 pos += 5
                 append(buf[pos : pos + size].decode())
                 pos += size
-            elif kind == _N:
+            elif kind == 110:  # 'n' NULL
                 append(None)
                 pos += 1
-            elif kind == _U:
+            elif kind == 117:  # 'u' unchanged TOASTed value
                 append(UNCHANGED)
                 pos += 1
-            elif kind == _B:
+            elif kind == 98:  # 'b' binary
                 (size,) = _u32(buf, pos + 1)
                 pos += 5
                 append(buf[pos : pos + size])
@@ -286,12 +284,18 @@ def _tuple(buf: bytes, pos: int) -> tuple[list[TupleValue], int]:
     except (IndexError, struct.error):
         raise _Bad(len(buf), f"TupleData starting at offset {start} is truncated") from None
     except UnicodeDecodeError as exc:
+        if pos + size > len(buf):  # cut inside a multi-byte character
+            raise _Bad(len(buf), f"TupleData starting at offset {start} is truncated") from None
         raise _Bad(pos, f"text column is not valid UTF-8: {exc.reason}") from None
     return out, pos
 
 
 def _end(buf: bytes, pos: int) -> None:
-    """Reject data past the end of a message: it means we parsed it with the wrong layout."""
+    """Require the message to end exactly at ``pos``.
+
+    Short means truncated; long means we read it with the wrong layout (typically a
+    wrong stream-block state, which shifts every field by the 4-byte xid).
+    """
     if pos != len(buf):
         if pos > len(buf):
             raise _Bad(len(buf), "truncated")
@@ -374,7 +378,7 @@ def _insert_msg(dec: Decoder, buf: bytes) -> Insert:
         (oid,) = _u32(buf, 1)
         pos = 5
     if buf[pos] != 78:  # 'N'
-        raise _Bad(pos, f"expected 'N', got {buf[pos:pos + 1]!r}")
+        raise _Bad(pos, f"expected 'N', got {buf[pos : pos + 1]!r}")
     new, pos = _tuple(buf, pos + 1)
     if pos != len(buf):
         _end(buf, pos)
@@ -397,9 +401,9 @@ def _update_msg(dec: Decoder, buf: bytes) -> Update:
         old_kind = chr(tag)
         old, pos = _tuple(buf, pos + 1)
         if buf[pos] != 78:
-            raise _Bad(pos, f"expected 'N', got {buf[pos:pos + 1]!r}")
+            raise _Bad(pos, f"expected 'N', got {buf[pos : pos + 1]!r}")
     else:
-        raise _Bad(pos, f"expected 'K', 'O' or 'N', got {buf[pos:pos + 1]!r}")
+        raise _Bad(pos, f"expected 'K', 'O' or 'N', got {buf[pos : pos + 1]!r}")
     new, pos = _tuple(buf, pos + 1)
     if pos != len(buf):
         _end(buf, pos)
@@ -416,7 +420,7 @@ def _delete_msg(dec: Decoder, buf: bytes) -> Delete:
         pos = 5
     tag = buf[pos]
     if tag != 75 and tag != 79:
-        raise _Bad(pos, f"expected 'K' or 'O', got {buf[pos:pos + 1]!r}")
+        raise _Bad(pos, f"expected 'K' or 'O', got {buf[pos : pos + 1]!r}")
     old, pos = _tuple(buf, pos + 1)
     if pos != len(buf):
         _end(buf, pos)

@@ -90,7 +90,6 @@ class KafkaPythonProducer:
             linger_ms=config.linger_ms,
             batch_size=config.batch_size,
             max_request_size=max(config.max_message_bytes + RECORD_OVERHEAD, config.batch_size),
-            buffer_memory=max(64 * 1024 * 1024, 4 * config.batch_size),
             delivery_timeout_ms=config.delivery_timeout_ms,
             request_timeout_ms=min(30000, config.delivery_timeout_ms - config.linger_ms - 1),
             max_block_ms=10000,

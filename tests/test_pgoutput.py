@@ -204,11 +204,12 @@ def test_stream_block_state_machine() -> None:
         StreamCommit(777, 0, 10, 20, TS),
         Insert(None, 1, ["after"]),
     ]
+    expected_in_stream = False
     for msg in sequence:
+        if isinstance(msg, StreamStart | StreamStop):
+            expected_in_stream = isinstance(msg, StreamStart)
         assert decoder.decode(encode(msg)) == msg
-        assert decoder.in_stream is (isinstance(msg, StreamStart) or (
-            decoder.in_stream and not isinstance(msg, StreamStop)
-        ))
+        assert decoder.in_stream is expected_in_stream
     assert decoder.in_stream is False
 
 
@@ -369,7 +370,9 @@ def test_real_transaction_v1() -> None:
     assert d.decode(REAL_INSERT) == Insert(None, 16391, CAFE_ROW)
     commit = d.decode(REAL_COMMIT)
     assert commit == Commit(0, 0x1547930, 0x1547960, COMMIT_TS_731)
-    assert dt.datetime.fromtimestamp(commit.commit_ts_us / 1e6, dt.UTC).date() == dt.date(2026, 11, 21)
+    assert dt.datetime.fromtimestamp(commit.commit_ts_us / 1e6, dt.UTC).date() == dt.date(
+        2026, 11, 21
+    )
 
 
 def test_real_updates_and_deletes() -> None:
@@ -380,7 +383,9 @@ def test_real_updates_and_deletes() -> None:
     assert d.decode(REAL_UPDATE_KEY) == Update(
         None, 16391, "K", ["1", None, None, None, None, None], ["3", *CAFE_ROW[1:]]
     )
-    assert d.decode(REAL_DELETE_KEY) == Delete(None, 16391, "K", ["3", None, None, None, None, None])
+    assert d.decode(REAL_DELETE_KEY) == Delete(
+        None, 16391, "K", ["3", None, None, None, None, None]
+    )
     rel = d.decode(REAL_RELATION_FULL)
     assert isinstance(rel, Relation)
     assert rel.replica_identity == "f"
@@ -481,7 +486,11 @@ def test_real_spilled_chunk_replay() -> None:
 
 
 def _stream_payloads() -> list[bytes]:
-    return [m for m in REAL_STREAM_COMMITTED + REAL_STREAM_SUBXACT + REAL_STREAM_TYPE if m[:1] in b"RYIUDTM"]
+    return [
+        m
+        for m in REAL_STREAM_COMMITTED + REAL_STREAM_SUBXACT + REAL_STREAM_TYPE
+        if m[:1] in b"RYIUDTM"
+    ]
 
 
 @pytest.mark.parametrize("payload", ALL_REAL_PLAIN, ids=lambda p: chr(p[0]) + p[1:9].hex())

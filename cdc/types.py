@@ -1,0 +1,921 @@
+"""PostgreSQL text values -> Debezium JSON values, and their Kafka Connect field schemas.
+
+Values reach us as PostgreSQL's *text output* (pgoutput text format, or COPY/SELECT text
+in snapshots), always rendered under the pinned session settings of ``cdc.session``
+(TimeZone=UTC, DateStyle='ISO, MDY', IntervalStyle=iso_8601, extra_float_digits=3,
+bytea_output=hex, lc_monetary=C). Because the text is pinned, parsing it is exact and the
+same row always yields the same JSON bytes, which compaction depends on.
+
+``converter()`` is called once per column of a relation and returns a closure that is
+called per value on the hot path, so all dispatch happens up front and the closures use
+slicing/``split`` rather than regexes or ``datetime``. NULL never reaches a converter.
+
+The mapping follows the Debezium PostgreSQL connector with its default settings
+(time.precision.mode=adaptive, binary.handling.mode=bytes, interval.handling.mode=numeric,
+hstore.handling.mode=json), except decimal.handling.mode=string, which this project uses
+by default. "Connect type" is the JsonConverter schema type name.
+
+=========================  =====================================  =================================
+PostgreSQL type            JSON value                             Connect type / name
+=========================  =====================================  =================================
+bool                       true/false                             boolean
+int2 / int4                number                                 int16 / int32
+int8, oid                  number                                 int64
+float4 / float8            number; "NaN", "Infinity", "-Infinity" float / double
+numeric                    string as PostgreSQL prints it         string
+money                      "1234.56", "-5.00"                     string
+text, varchar, bpchar,     string unchanged                       string
+name, "char", citext
+uuid                       string                                 string io.debezium.data.Uuid
+json, jsonb                string unchanged                       string io.debezium.data.Json
+xml                        string                                 string io.debezium.data.Xml
+ltree                      string                                 string io.debezium.data.Ltree
+hstore                     JSON object as a string                string io.debezium.data.Json
+enum                       string                                 string io.debezium.data.Enum
+                                                                  (parameters.allowed)
+inet, cidr, macaddr(8),    string unchanged                       string
+tsvector, tsquery, ranges,
+multiranges, others
+bytea                      base64 string                          bytes
+bit(1), varbit(1)          true/false                             boolean
+bit(n>1), varbit           base64 of little-endian bytes          bytes io.debezium.data.Bits
+                                                                  (parameters.length)
+date                       days since 1970-01-01                  int32 io.debezium.time.Date
+time(0-3)                  ms past midnight                       int32 io.debezium.time.Time
+time, time(4-6)            µs past midnight                       int64 io.debezium.time.MicroTime
+timestamp(0-3)             ms since epoch                         int64 io.debezium.time.Timestamp
+timestamp, timestamp(4-6)  µs since epoch                         int64 io.debezium.time.MicroTimestamp
+timestamptz                "2024-01-02T03:04:05.12Z"              string io.debezium.time.ZonedTimestamp
+timetz                     "03:04:05.12Z" (shifted to UTC)        string io.debezium.time.ZonedTime
+interval                   µs, month = 30.4375 days               int64 io.debezium.time.MicroDuration
+point                      {"x","y","wkb","srid"}                 struct io.debezium.data.geometry.Point
+arrays                     list (nested lists for multi-dim)      array of the element schema
+domain                     as its base type (domain typmod)       as its base type
+composite, unknown         string unchanged                       string
+=========================  =====================================  =================================
+
+Special values, as Debezium emits them:
+
+- timestamp ``infinity``/``-infinity``: µs 9223372036825200000 / -9223372036832400000, ms
+  9223372036825200 / -9223372036832400 (PGStatement.DATE_POSITIVE/NEGATIVE_INFINITY read
+  as microseconds, per the Debezium docs).
+- timestamptz ``infinity``/``-infinity``: the strings "infinity" / "-infinity".
+- date ``infinity``/``-infinity``: -2147472692 / -2147472691 (the epoch days of the
+  LocalDates -5877611-06-21 / -22 that Debezium substitutes; yes, +infinity sorts first).
+- time ``24:00:00``: 86400000000 µs (86400000 ms); timetz ``24:00:00+00`` -> "24:00:00Z".
+
+Deliberate deviations from Debezium:
+
+- numeric: the string as PostgreSQL prints it. Debezium's string mode uses Java's
+  ``BigDecimal.toString()``, which gives "1E-8" for 0.00000001 and "NAN",
+  "POSITIVE_INFINITY", "NEGATIVE_INFINITY" for the special values; we print "0.00000001",
+  "NaN", "Infinity", "-Infinity". (Debezium's own default mode is ``precise``.)
+- timestamptz: the fraction is printed only as far as needed (Java ``ISO_OFFSET_DATE_TIME``,
+  Debezium <= 2.1). Debezium >= 2.2 pads the fraction to the column's precision
+  (e.g. always 6 digits for plain timestamptz).
+- interval: exact integer arithmetic (month = 2629800 s); Debezium computes in double and
+  may be off by a microsecond or so on large intervals. Results beyond int64 saturate to
+  the int64 bounds as Java's double->long cast does; PostgreSQL 17's interval
+  ``infinity``/``-infinity`` map to the int64 max/min.
+- timestamp µs/ms values beyond int64 (years past ~294247) saturate to the int64 bounds.
+- hstore: keys keep PostgreSQL's (deterministic) output order; Debezium's follow Java
+  HashMap iteration order. Control characters are escaped the Python way (``\\u001f``
+  lowercase hex) where Jackson uses uppercase hex.
+- bit(n>1)/varbit: sized by the highest set bit, little-endian (an all-zero value gives
+  zero bytes) - this is what Debezium's converter emits, although its docs say bit(n)
+  values are sized to n bits.
+- arrays: every element type is supported (Debezium drops e.g. money[], interval[],
+  varbit[], xml[], point[], name[]); multi-dimensional arrays become nested lists although
+  the schema stays one level deep (as Debezium's); array ``items`` are always optional.
+- composite, box, circle, line, lseg, path, polygon and any other type Debezium drops
+  (include.unknown.datatypes=false) or emits differently: the PostgreSQL text, as string.
+- tsvector: plain string (Debezium 3.x names it io.debezium.data.TsVector).
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+__all__ = [
+    "BUILTIN_TYPES",
+    "PASSTHROUGH",
+    "Converter",
+    "PgType",
+    "converter",
+    "days_from_civil",
+    "field_schema",
+    "load_type",
+]
+
+Converter = Callable[[str], Any]
+
+#: The converter of every type whose JSON value is its text unchanged. ``str`` returns an
+#: exact ``str`` argument itself, so it is the cheapest possible call; callers may also test
+#: ``conv is PASSTHROUGH`` and skip the call entirely.
+PASSTHROUGH: Converter = str
+
+
+@dataclass(frozen=True, slots=True)
+class PgType:
+    """One pg_type row, resolved recursively (array element, domain base).
+
+    ``labels`` holds an enum's labels in sort order (for the Enum schema's ``allowed``).
+    """
+
+    oid: int
+    name: str
+    kind: str
+    element: PgType | None = None
+    base: PgType | None = None
+    base_typmod: int = -1
+    labels: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- builtins
+
+# (oid, typname, typtype, array oid): pg_catalog types as of PostgreSQL 15 that a user
+# column can have. Types with a typelem that are not arrays (name, point, int2vector, ...)
+# are deliberately not given an element: their text is not in array syntax.
+_BUILTIN_ROWS: tuple[tuple[int, str, str, int], ...] = (
+    (16, "bool", "b", 1000),
+    (17, "bytea", "b", 1001),
+    (18, "char", "b", 1002),
+    (19, "name", "b", 1003),
+    (20, "int8", "b", 1016),
+    (21, "int2", "b", 1005),
+    (22, "int2vector", "b", 1006),
+    (23, "int4", "b", 1007),
+    (24, "regproc", "b", 1008),
+    (25, "text", "b", 1009),
+    (26, "oid", "b", 1028),
+    (27, "tid", "b", 1010),
+    (28, "xid", "b", 1011),
+    (29, "cid", "b", 1012),
+    (30, "oidvector", "b", 1013),
+    (114, "json", "b", 199),
+    (142, "xml", "b", 143),
+    (600, "point", "b", 1017),
+    (601, "lseg", "b", 1018),
+    (602, "path", "b", 1019),
+    (603, "box", "b", 1020),
+    (604, "polygon", "b", 1027),
+    (628, "line", "b", 629),
+    (650, "cidr", "b", 651),
+    (700, "float4", "b", 1021),
+    (701, "float8", "b", 1022),
+    (718, "circle", "b", 719),
+    (774, "macaddr8", "b", 775),
+    (790, "money", "b", 791),
+    (829, "macaddr", "b", 1040),
+    (869, "inet", "b", 1041),
+    (1033, "aclitem", "b", 1034),
+    (1042, "bpchar", "b", 1014),
+    (1043, "varchar", "b", 1015),
+    (1082, "date", "b", 1182),
+    (1083, "time", "b", 1183),
+    (1114, "timestamp", "b", 1115),
+    (1184, "timestamptz", "b", 1185),
+    (1186, "interval", "b", 1187),
+    (1266, "timetz", "b", 1270),
+    (1560, "bit", "b", 1561),
+    (1562, "varbit", "b", 1563),
+    (1700, "numeric", "b", 1231),
+    (1790, "refcursor", "b", 2201),
+    (2202, "regprocedure", "b", 2207),
+    (2203, "regoper", "b", 2208),
+    (2204, "regoperator", "b", 2209),
+    (2205, "regclass", "b", 2210),
+    (2206, "regtype", "b", 2211),
+    (2950, "uuid", "b", 2951),
+    (2970, "txid_snapshot", "b", 2949),
+    (3220, "pg_lsn", "b", 3221),
+    (3614, "tsvector", "b", 3643),
+    (3615, "tsquery", "b", 3645),
+    (3734, "regconfig", "b", 3735),
+    (3769, "regdictionary", "b", 3770),
+    (3802, "jsonb", "b", 3807),
+    (3904, "int4range", "r", 3905),
+    (3906, "numrange", "r", 3907),
+    (3908, "tsrange", "r", 3909),
+    (3910, "tstzrange", "r", 3911),
+    (3912, "daterange", "r", 3913),
+    (3926, "int8range", "r", 3927),
+    (4072, "jsonpath", "b", 4073),
+    (4089, "regnamespace", "b", 4090),
+    (4096, "regrole", "b", 4097),
+    (4191, "regcollation", "b", 4192),
+    (4451, "int4multirange", "m", 6150),
+    (4532, "nummultirange", "m", 6151),
+    (4533, "tsmultirange", "m", 6152),
+    (4534, "tstzmultirange", "m", 6153),
+    (4535, "datemultirange", "m", 6155),
+    (4536, "int8multirange", "m", 6157),
+    (5038, "pg_snapshot", "b", 5039),
+    (5069, "xid8", "b", 271),
+)
+
+
+def _build_builtins() -> dict[int, PgType]:
+    out: dict[int, PgType] = {}
+    for oid, name, kind, array_oid in _BUILTIN_ROWS:
+        scalar = PgType(oid, name, kind)
+        out[oid] = scalar
+        out[array_oid] = PgType(array_oid, "_" + name, "b", element=scalar)
+    return out
+
+
+BUILTIN_TYPES: dict[int, PgType] = _build_builtins()
+
+#: Extension types with dynamic oids, recognised by name when not builtin.
+_EXTENSION_NAMES = frozenset({"hstore", "citext", "ltree"})
+
+_TYPE_QUERY = """
+SELECT t.typname, t.typtype, t.typelem, t.typbasetype, t.typtypmod,
+       (t.typelem <> 0 AND e.typarray = t.oid) AS is_array
+FROM pg_catalog.pg_type t
+LEFT JOIN pg_catalog.pg_type e ON e.oid = t.typelem
+WHERE t.oid = %s
+"""
+_ENUM_QUERY = "SELECT enumlabel FROM pg_catalog.pg_enum WHERE enumtypid = %s ORDER BY enumsortorder"
+
+
+def load_type(conn: psycopg.Connection, oid: int) -> PgType:
+    """Resolve any type oid, recursing into array elements and domain bases.
+
+    Builtins come from ``BUILTIN_TYPES`` without a query. Others run plain SELECTs on
+    ``conn``; outside autocommit the caller owns the transaction this opens. Raises
+    ``LookupError`` for an oid that pg_type does not know.
+    """
+    known = BUILTIN_TYPES.get(oid)
+    if known is not None:
+        return known
+    row = conn.execute(_TYPE_QUERY, (oid,)).fetchone()
+    if row is None:
+        raise LookupError(f"type oid {oid} not found in pg_type")
+    name, kind, elem, basetype, typmod, is_array = row
+    if isinstance(kind, bytes):  # "char" columns may load as bytes depending on adapters
+        kind = kind.decode()
+    if kind == "d":
+        return PgType(oid, name, kind, base=load_type(conn, basetype), base_typmod=typmod)
+    if kind == "e":
+        labels = tuple(r[0] for r in conn.execute(_ENUM_QUERY, (oid,)).fetchall())
+        return PgType(oid, name, kind, labels=labels)
+    if is_array:
+        return PgType(oid, name, kind, element=load_type(conn, elem))
+    return PgType(oid, name, kind)
+
+
+# --------------------------------------------------------------------------- helpers
+
+_INT64_MAX = (1 << 63) - 1
+_INT64_MIN = -(1 << 63)
+
+_MICROS_PER_DAY = 86_400_000_000
+_SECONDS_PER_MONTH = 2_629_800  # 365.25 / 12 days = 30.4375 days, exactly
+
+# Debezium's sentinels (see module docstring).
+_TS_POS_INF_MICROS = 9223372036825200000
+_TS_NEG_INF_MICROS = -9223372036832400000
+_TS_POS_INF_MILLIS = 9223372036825200
+_TS_NEG_INF_MILLIS = -9223372036832400
+_DATE_POS_INF_DAYS = -2147472692
+_DATE_NEG_INF_DAYS = -2147472691
+
+
+def _clamp64(v: int) -> int:
+    """Saturate to int64 like Java's double->long cast (orjson also refuses wider ints)."""
+    if v > _INT64_MAX:
+        return _INT64_MAX
+    if v < _INT64_MIN:
+        return _INT64_MIN
+    return v
+
+
+def days_from_civil(y: int, m: int, d: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year: 1 BC = 0).
+
+    Pure integer arithmetic, so BC dates and years beyond 9999 work (``datetime`` cannot).
+    """
+    y -= m <= 2
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def _civil_from_days(z: int) -> tuple[int, int, int]:
+    """Inverse of ``days_from_civil``."""
+    z += 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + 3 if mp < 10 else mp - 9
+    return yoe + era * 400 + (m <= 2), m, d
+
+
+# Memo tables for the hot temporal paths: a change stream's dates and clock times repeat
+# heavily, and a dict hit is several times cheaper than re-parsing. Bounded by clearing.
+_DAYS_MEMO: dict[str, int] = {}
+_SECS_MEMO: dict[str, int] = {}
+_MEMO_LIMIT = 100_000
+# Multiplier turning a fraction of n digits into microseconds (PostgreSQL trims zeros).
+_FRAC_SCALE = (0, 100_000, 10_000, 1_000, 100, 10, 1)
+
+
+def _date_days_slow(s: str) -> int:
+    bc = s.endswith(" BC")
+    if bc:
+        s = s[:-3]
+    y, m, d = s.split("-")
+    year = 1 - int(y) if bc else int(y)
+    return days_from_civil(year, int(m), int(d))
+
+
+def _date_days(s: str) -> int:
+    """'2024-01-02' / '0044-03-15 BC' / '10000-01-01' -> epoch days (memoized)."""
+    days = _DAYS_MEMO.get(s)
+    if days is None:
+        days = _date_days_slow(s)
+        if len(_DAYS_MEMO) >= _MEMO_LIMIT:
+            _DAYS_MEMO.clear()
+        _DAYS_MEMO[s] = days
+    return days
+
+
+def _time_micros(t: str) -> int:
+    """'03:04:05.12' -> microseconds past midnight ('24:00:00' allowed)."""
+    hms = t[:8]
+    secs = _SECS_MEMO.get(hms)
+    if secs is None:  # at most 86401 distinct keys: no bound needed
+        secs = _SECS_MEMO[hms] = int(t[:2]) * 3600 + int(t[3:5]) * 60 + int(t[6:8])
+    if len(t) > 8:  # '.f' .. '.ffffff'
+        frac = t[9:15]
+        return secs * 1_000_000 + int(frac) * _FRAC_SCALE[len(frac)]
+    return secs * 1_000_000
+
+
+def _offset_seconds(o: str) -> int:
+    """'+05', '-08', '+05:30', '+05:30:15' -> signed seconds east of UTC."""
+    secs = int(o[1:3]) * 3600
+    if len(o) > 3:
+        secs += int(o[4:6]) * 60
+        if len(o) > 6:
+            secs += int(o[7:9])
+    return -secs if o[0] == "-" else secs
+
+
+def _timestamp_micros(s: str) -> int:
+    """'2024-01-02 03:04:05.12' (optionally ' BC') -> epoch microseconds."""
+    if s[4] == "-" and s[-1] != "C":  # AD, 4-digit year
+        return _date_days(s[:10]) * _MICROS_PER_DAY + _time_micros(s[11:])
+    bc = s.endswith(" BC")
+    date, time = (s[:-3] if bc else s).split(" ")
+    return _date_days(date + " BC" if bc else date) * _MICROS_PER_DAY + _time_micros(time)
+
+
+def _split_offset(t: str) -> tuple[str, str]:
+    """'03:04:05.12+05:30' -> ('03:04:05.12', '+05:30')."""
+    i = t.find("+", 8)
+    if i < 0:
+        i = t.find("-", 8)
+    return t[:i], t[i:]
+
+
+def _iso_year(y: int) -> str:
+    """Java ISO_LOCAL_DATE year: 4 digits, '+' beyond 9999, '-' before year 0."""
+    if 0 <= y <= 9999:
+        return f"{y:04d}"
+    if y > 9999:
+        return f"+{y}"
+    return f"-{-y:04d}"
+
+
+def _iso_fraction(micros: int) -> str:
+    """Fraction of a second as Java prints it: only as many digits as needed."""
+    if micros == 0:
+        return ""
+    return "." + f"{micros:06d}".rstrip("0")
+
+
+def _iso_utc(epoch_micros: int) -> str:
+    """Epoch microseconds -> '2024-01-02T03:04:05.12Z' (Java ISO_OFFSET_DATE_TIME at UTC)."""
+    days, rem = divmod(epoch_micros, _MICROS_PER_DAY)
+    y, m, d = _civil_from_days(days)
+    secs, frac = divmod(rem, 1_000_000)
+    hh, r = divmod(secs, 3600)
+    mm, ss = divmod(r, 60)
+    return f"{_iso_year(y)}-{m:02d}-{d:02d}T{hh:02d}:{mm:02d}:{ss:02d}{_iso_fraction(frac)}Z"
+
+
+# --------------------------------------------------------------------------- scalar converters
+
+
+def _bool(s: str) -> bool:
+    return s == "t"
+
+
+def _float(s: str) -> float | str:
+    """Jackson quotes non-finite doubles ("NaN", "Infinity", "-Infinity"); orjson would write null."""
+    if s[-1] in "yN":
+        return s
+    return float(s)
+
+
+_MONEY_STRIP = str.maketrans("", "", "$,() ")
+
+
+def _money(s: str) -> str:
+    """'-$1,234.56' -> '-1234.56' (lc_monetary=C; '(…)' negatives handled for safety)."""
+    t = s.translate(_MONEY_STRIP)
+    return "-" + t if s[0] == "(" else t
+
+
+def _bytea_bytes(s: str) -> bytes:
+    if s[:2] == "\\x":
+        return bytes.fromhex(s[2:])
+    # bytea_output=escape: printable ASCII, '\\\\' and '\\ooo' only
+    return s.encode("ascii").decode("unicode_escape").encode("latin-1")
+
+
+def _b64(data: bytes) -> str:
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def _bytea(s: str) -> str:
+    """Connect bytes are base64 strings in the JSON converter."""
+    return _b64(_bytea_bytes(s))
+
+
+def _bit1(s: str) -> bool:
+    return s == "1"
+
+
+def _bits(s: str) -> str:
+    """'0101' -> base64 of the value's little-endian bytes, minimal length (Debezium Bits)."""
+    if not s:
+        return ""
+    v = int(s, 2)
+    return _b64(v.to_bytes((v.bit_length() + 7) >> 3, "little"))
+
+
+def _date(s: str) -> int:
+    days = _DAYS_MEMO.get(s)
+    if days is not None:
+        return days
+    if s[0] in "0123456789":
+        return _date_days(s)
+    if s == "infinity":
+        return _DATE_POS_INF_DAYS
+    if s == "-infinity":
+        return _DATE_NEG_INF_DAYS
+    raise ValueError(f"invalid date text: {s!r}")
+
+
+def _time_millis(s: str) -> int:
+    return _time_micros(s) // 1000
+
+
+def _timestamp_micro(s: str) -> int:
+    if s[4] == "-" and s[-1] != "C":  # AD, 4-digit year: inlined for speed
+        days = _DAYS_MEMO.get(s[:10])
+        if days is None:
+            days = _date_days(s[:10])
+        secs = _SECS_MEMO.get(s[11:19])
+        if secs is None:
+            secs = _time_micros(s[11:19]) // 1_000_000
+        if len(s) > 19:
+            frac = s[20:]
+            return days * _MICROS_PER_DAY + secs * 1_000_000 + int(frac) * _FRAC_SCALE[len(frac)]
+        return days * _MICROS_PER_DAY + secs * 1_000_000
+    if s == "infinity":
+        return _TS_POS_INF_MICROS
+    if s == "-infinity":
+        return _TS_NEG_INF_MICROS
+    return _clamp64(_timestamp_micros(s))
+
+
+def _timestamp_milli(s: str) -> int:
+    if s == "infinity":
+        return _TS_POS_INF_MILLIS
+    if s == "-infinity":
+        return _TS_NEG_INF_MILLIS
+    return _clamp64(_timestamp_micros(s) // 1000)
+
+
+def _timestamptz(s: str) -> str:
+    """'2024-01-02 03:04:05.12+00' -> '2024-01-02T03:04:05.12Z'."""
+    if s[-3:] == "+00" and s[4] == "-":  # UTC session, AD, 4-digit year: reuse the text
+        return s[:10] + "T" + s[11:-3] + "Z"
+    if s == "infinity" or s == "-infinity":
+        return s
+    bc = s.endswith(" BC")
+    date, rest = (s[:-3] if bc else s).split(" ")
+    time, offset = _split_offset(rest)
+    micros = _date_days(date + " BC" if bc else date) * _MICROS_PER_DAY + _time_micros(time)
+    return _iso_utc(micros - _offset_seconds(offset) * 1_000_000)
+
+
+def _timetz(s: str) -> str:
+    """'03:04:05.12+05:30' -> '21:34:05.12Z' (shifted to UTC; '24:00:00+00' stays 24:00)."""
+    if s[-3:] == "+00" and len(s) >= 11:
+        return s[:-3] + "Z"
+    time, offset = _split_offset(s)
+    secs = int(time[:2]) * 3600 + int(time[3:5]) * 60 + int(time[6:8]) - _offset_seconds(offset)
+    if not 0 <= secs <= 86400:
+        secs %= 86400
+    hh, r = divmod(secs, 3600)
+    mm, ss = divmod(r, 60)
+    return f"{hh:02d}:{mm:02d}:{ss:02d}{time[8:]}Z"
+
+
+def _signed_micros(sec: str) -> int:
+    """'-1.25' -> -1250000."""
+    neg = sec[0] == "-"
+    if neg:
+        sec = sec[1:]
+    dot = sec.find(".")
+    if dot < 0:
+        v = int(sec) * 1_000_000
+    else:
+        v = int(sec[:dot] or "0") * 1_000_000 + int(sec[dot + 1 : dot + 7].ljust(6, "0"))
+    return -v if neg else v
+
+
+_INTERVAL_MEMO: dict[str, int] = {}
+
+
+def _interval(s: str) -> int:
+    """ISO 8601 interval ('P1Y2M3DT4H5M6.5S', 'PT-1H', 'P-1Y-2M', 'PT0S') -> microseconds."""
+    v = _INTERVAL_MEMO.get(s)
+    if v is None:
+        v = _interval_parse(s)
+        if len(_INTERVAL_MEMO) >= _MEMO_LIMIT:
+            _INTERVAL_MEMO.clear()
+        _INTERVAL_MEMO[s] = v
+    return v
+
+
+def _interval_parse(s: str) -> int:
+    if s[0] != "P":
+        if s == "infinity":
+            return _INT64_MAX
+        if s == "-infinity":
+            return _INT64_MIN
+        raise ValueError(f"invalid interval text (IntervalStyle must be iso_8601): {s!r}")
+    t = s.find("T")
+    part = s[1:t] if t >= 0 else s[1:]
+    months = days = 0
+    if part:
+        i = part.find("Y")
+        if i >= 0:
+            months = 12 * int(part[:i])
+            part = part[i + 1 :]
+        i = part.find("M")
+        if i >= 0:
+            months += int(part[:i])
+            part = part[i + 1 :]
+        if part:  # 'nD'
+            days = int(part[:-1])
+    seconds = 0
+    micros = 0
+    if t >= 0:
+        part = s[t + 1 :]
+        i = part.find("H")
+        if i >= 0:
+            seconds = 3600 * int(part[:i])
+            part = part[i + 1 :]
+        i = part.find("M")
+        if i >= 0:
+            seconds += 60 * int(part[:i])
+            part = part[i + 1 :]
+        if part:  # 'n.nS'
+            micros = _signed_micros(part[:-1])
+    seconds += months * _SECONDS_PER_MONTH + days * 86400
+    return _clamp64(seconds * 1_000_000 + micros)
+
+
+_WKB_POINT = struct.Struct("<BIdd")
+
+
+def _point(s: str) -> dict[str, Any]:
+    """'(1.5,2)' -> Debezium Point struct with a little-endian WKB point."""
+    xs, ys = s[1:-1].split(",")
+    return {
+        "x": _float(xs),
+        "y": _float(ys),
+        "wkb": _b64(_WKB_POINT.pack(1, 1, float(xs), float(ys))),
+        "srid": None,
+    }
+
+
+def _hstore_token(s: str, i: int) -> tuple[str, int, bool]:
+    """Read one hstore key/value at ``i``: (text, next index, was quoted)."""
+    if s[i] == '"':
+        parts: list[str] = []
+        j = i + 1
+        while True:
+            q = s.find('"', j)
+            b = s.find("\\", j, q)
+            if b < 0:
+                parts.append(s[j:q])
+                return "".join(parts), q + 1, True
+            parts.append(s[j:b])
+            parts.append(s[b + 1])
+            j = b + 2
+    j = i
+    n = len(s)
+    while j < n and s[j] not in " ,=":
+        j += 1
+    return s[i:j], j, False
+
+
+def _hstore_dict(s: str) -> dict[str, str | None]:
+    """Parse hstore_out text ('"a"=>"1", "b"=>NULL') keeping PostgreSQL's key order."""
+    out: dict[str, str | None] = {}
+    i = 0
+    n = len(s)
+    while i < n:
+        c = s[i]
+        if c == " " or c == ",":
+            i += 1
+            continue
+        key, i, _ = _hstore_token(s, i)
+        i = s.index("=>", i) + 2
+        while s[i] == " ":
+            i += 1
+        value, i, quoted = _hstore_token(s, i)
+        out[key] = None if not quoted and value.upper() == "NULL" else value
+    return out
+
+
+def _hstore(s: str) -> str:
+    """hstore.handling.mode=json: the map as a compact JSON object string."""
+    if not s:
+        return "{}"
+    return json.dumps(_hstore_dict(s), ensure_ascii=False, separators=(",", ":"))
+
+
+# --------------------------------------------------------------------------- arrays
+
+
+def _parse_array(s: str, delim: str) -> list[Any]:
+    """array_out text -> nested lists of element text (None for NULL)."""
+    if s[0] == "[":  # explicit bounds '[0:1]={1,2}': bounds are not part of the value
+        s = s[s.index("=") + 1 :]
+    if '"' not in s and s.find("{", 1) < 0:  # flat and unquoted: split
+        inner = s[1:-1]
+        if not inner:
+            return []
+        return [None if e == "NULL" else e for e in inner.split(delim)]
+    root: list[Any] = []
+    stack: list[list[Any]] = []
+    i = 0
+    n = len(s)
+    while i < n:
+        c = s[i]
+        if c == "{":
+            new: list[Any] = []
+            if stack:
+                stack[-1].append(new)
+            else:
+                root = new
+            stack.append(new)
+            i += 1
+        elif c == "}":
+            stack.pop()
+            i += 1
+        elif c == delim:
+            i += 1
+        elif c == '"':
+            parts: list[str] = []
+            j = i + 1
+            while True:
+                q = s.find('"', j)
+                b = s.find("\\", j, q)
+                if b < 0:
+                    parts.append(s[j:q])
+                    i = q + 1
+                    break
+                parts.append(s[j:b])
+                parts.append(s[b + 1])
+                j = b + 2
+            stack[-1].append("".join(parts))
+        else:
+            j = s.find("}", i)
+            d = s.find(delim, i, j)
+            if d >= 0:
+                j = d
+            tok = s[i:j]
+            stack[-1].append(None if tok == "NULL" else tok)
+            i = j
+    return root
+
+
+def _map_nested(items: list[Any], conv: Converter) -> list[Any]:
+    return [
+        None if e is None else (_map_nested(e, conv) if type(e) is list else conv(e)) for e in items
+    ]
+
+
+def _array_converter(element: PgType, typmod: int) -> Converter:
+    elem_conv = converter(element, typmod)
+    root = element
+    while root.base is not None:
+        root = root.base
+    delim = ";" if root.oid == 603 else ","  # box is the only builtin with typdelim ';'
+
+    if elem_conv is PASSTHROUGH:
+
+        def convert_text_array(s: str) -> list[Any]:
+            return _parse_array(s, delim)
+
+        return convert_text_array
+
+    def convert_array(s: str) -> list[Any]:
+        items = _parse_array(s, delim)
+        if items and type(items[0]) is list:
+            return _map_nested(items, elem_conv)
+        return [None if e is None else elem_conv(e) for e in items]
+
+    return convert_array
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def _precision(typmod: int) -> int:
+    """Fractional-second precision of time/timestamp types (typmod -1 means 6)."""
+    return 6 if typmod < 0 else typmod
+
+
+def _is_builtin(t: PgType) -> bool:
+    return BUILTIN_TYPES.get(t.oid) is not None
+
+
+_SIMPLE: dict[str, Converter] = {
+    "bool": _bool,
+    "int2": int,
+    "int4": int,
+    "int8": int,
+    "oid": int,
+    "float4": _float,
+    "float8": _float,
+    "money": _money,
+    "bytea": _bytea,
+    "date": _date,
+    "timestamptz": _timestamptz,
+    "timetz": _timetz,
+    "interval": _interval,
+    "point": _point,
+}
+
+
+def converter(pgtype: PgType, typmod: int) -> Converter:
+    """Return a fast closure: PostgreSQL text of one non-NULL value -> JSON-ready value.
+
+    ``typmod`` is the column's atttypmod (pgoutput Relation message), -1 if none; for
+    arrays it applies to the elements, for domains the domain's own typmod wins.
+    """
+    kind = pgtype.kind
+    if kind == "d" and pgtype.base is not None:
+        return converter(pgtype.base, pgtype.base_typmod if pgtype.base_typmod >= 0 else typmod)
+    if pgtype.element is not None:
+        return _array_converter(pgtype.element, typmod)
+    if kind != "b":  # enum, range, multirange, composite, pseudo
+        return PASSTHROUGH
+    name = pgtype.name
+    if _is_builtin(pgtype):
+        simple = _SIMPLE.get(name)
+        if simple is not None:
+            return simple
+        if name == "time":
+            return _time_millis if _precision(typmod) <= 3 else _time_micros
+        if name == "timestamp":
+            return _timestamp_milli if _precision(typmod) <= 3 else _timestamp_micro
+        if name == "bit" or name == "varbit":
+            return _bit1 if typmod == 1 else _bits
+        return PASSTHROUGH
+    if name == "hstore":
+        return _hstore
+    return PASSTHROUGH
+
+
+# --------------------------------------------------------------------------- schemas
+
+_Schema = tuple[str, str | None, dict[str, str] | None]  # (type, name, parameters)
+
+_STRING: _Schema = ("string", None, None)
+
+_SIMPLE_SCHEMAS: dict[str, _Schema] = {
+    "bool": ("boolean", None, None),
+    "int2": ("int16", None, None),
+    "int4": ("int32", None, None),
+    "int8": ("int64", None, None),
+    "oid": ("int64", None, None),
+    "float4": ("float", None, None),
+    "float8": ("double", None, None),
+    "bytea": ("bytes", None, None),
+    "uuid": ("string", "io.debezium.data.Uuid", None),
+    "json": ("string", "io.debezium.data.Json", None),
+    "jsonb": ("string", "io.debezium.data.Json", None),
+    "xml": ("string", "io.debezium.data.Xml", None),
+    "date": ("int32", "io.debezium.time.Date", None),
+    "timestamptz": ("string", "io.debezium.time.ZonedTimestamp", None),
+    "timetz": ("string", "io.debezium.time.ZonedTime", None),
+    "interval": ("int64", "io.debezium.time.MicroDuration", None),
+}
+
+_POINT_FIELDS: list[dict[str, Any]] = [
+    {"type": "double", "optional": False, "field": "x"},
+    {"type": "double", "optional": False, "field": "y"},
+    {"type": "bytes", "optional": True, "field": "wkb"},
+    {"type": "int32", "optional": True, "field": "srid"},
+]
+
+
+def _schema(pgtype: PgType, typmod: int, optional: bool) -> dict[str, Any]:
+    """Connect JSON schema in JsonConverter's key order (type, items/fields, optional,
+    name, version, doc, parameters); the caller appends ``field``."""
+    if pgtype.kind == "d" and pgtype.base is not None:
+        return _schema(
+            pgtype.base, pgtype.base_typmod if pgtype.base_typmod >= 0 else typmod, optional
+        )
+    if pgtype.element is not None:
+        return {
+            "type": "array",
+            "items": _schema(pgtype.element, typmod, True),
+            "optional": optional,
+        }
+    if pgtype.kind == "e":
+        return {
+            "type": "string",
+            "optional": optional,
+            "name": "io.debezium.data.Enum",
+            "version": 1,
+            "parameters": {"allowed": ",".join(pgtype.labels)},
+        }
+    spec = _STRING
+    name = pgtype.name
+    if pgtype.kind == "b":
+        if _is_builtin(pgtype):
+            found = _SIMPLE_SCHEMAS.get(name)
+            if found is not None:
+                spec = found
+            elif name == "time":
+                spec = (
+                    ("int32", "io.debezium.time.Time", None)
+                    if _precision(typmod) <= 3
+                    else ("int64", "io.debezium.time.MicroTime", None)
+                )
+            elif name == "timestamp":
+                spec = (
+                    ("int64", "io.debezium.time.Timestamp", None)
+                    if _precision(typmod) <= 3
+                    else ("int64", "io.debezium.time.MicroTimestamp", None)
+                )
+            elif name == "bit" or name == "varbit":
+                if typmod == 1:
+                    spec = ("boolean", None, None)
+                else:
+                    length = str(typmod if typmod > 0 else 2147483647)
+                    spec = ("bytes", "io.debezium.data.Bits", {"length": length})
+            elif name == "point":
+                return {
+                    "type": "struct",
+                    "fields": [dict(f) for f in _POINT_FIELDS],
+                    "optional": optional,
+                    "name": "io.debezium.data.geometry.Point",
+                    "version": 1,
+                    "doc": "Geometry (POINT)",
+                }
+        elif name == "hstore":
+            spec = ("string", "io.debezium.data.Json", None)
+        elif name == "ltree":
+            spec = ("string", "io.debezium.data.Ltree", None)
+    ctype, sname, params = spec
+    out: dict[str, Any] = {"type": ctype, "optional": optional}
+    if sname is not None:
+        out["name"] = sname
+        out["version"] = 1
+    if params is not None:
+        out["parameters"] = dict(params)
+    return out
+
+
+def field_schema(pgtype: PgType, typmod: int, field: str, optional: bool) -> dict[str, Any]:
+    """Kafka Connect JSON schema of one column, as Debezium's JsonConverter writes it
+    when schemas are enabled (key order included, so the bytes match)."""
+    out = _schema(pgtype, typmod, optional)
+    out["field"] = field
+    return out

@@ -1,0 +1,114 @@
+"""Shared fixtures: one throwaway PostgreSQL cluster and one Kafka-protocol broker per session.
+
+Tests stay independent while sharing them: each gets its own database (slots and
+all are dropped afterwards) and its own topic prefix. Set
+``CDC_TEST_BOOTSTRAP_SERVERS`` to run against an external Kafka instead of a
+local noida-db; tests that restart a broker always get a dedicated local one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from cdc.local_services import LocalBroker, LocalPostgres
+
+EXTERNAL_KAFKA_ENV = "CDC_TEST_BOOTSTRAP_SERVERS"
+
+
+@pytest.fixture(scope="session")
+def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
+    """The session's cluster (wal_level=logical); see postgres.log in its base dir."""
+    cluster = LocalPostgres(tmp_path_factory.mktemp("pg"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker | None]:
+    """The shared local broker, or None when an external Kafka is configured."""
+    if os.environ.get(EXTERNAL_KAFKA_ENV):
+        yield None
+        return
+    local = LocalBroker(tmp_path_factory.mktemp("broker"))
+    local.start()
+    try:
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def broker_servers(broker: LocalBroker | None) -> str:
+    """bootstrap.servers of the shared broker (external Kafka or the local noida-db)."""
+    external = os.environ.get(EXTERNAL_KAFKA_ENV)
+    if external:
+        return external
+    assert broker is not None
+    return broker.bootstrap_servers
+
+
+@pytest.fixture
+def local_broker(tmp_path: Path) -> Iterator[LocalBroker]:
+    """A dedicated local broker for this test alone: restart it, stop it, break it."""
+    dedicated = LocalBroker(tmp_path / "broker")
+    dedicated.start()
+    try:
+        yield dedicated
+    finally:
+        dedicated.stop()
+
+
+@dataclass
+class TestDatabase:
+    """One test's database. Every call opens its own autocommit connection, so each
+    statement sees what a new client would (e.g. after ``ALTER DATABASE ... SET``)
+    and nothing is left connected to block DROP DATABASE."""
+
+    __test__ = False  # not a test class, despite the name
+
+    name: str
+    dsn: str
+
+    def execute(self, query: Any, params: Any = None) -> int:
+        """Run one statement; returns the row count."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            return conn.execute(query, params).rowcount
+
+    def fetchall(self, query: Any, params: Any = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            return conn.execute(query, params).fetchall()
+
+
+def _database_name(test_name: str) -> str:
+    """A unique, valid identifier that still says which test made it."""
+    base = re.sub(r"[^a-z0-9_]+", "_", test_name.lower()).strip("_")[:40] or "db"
+    return f"t_{base}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def db(pg: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[TestDatabase]:
+    """A fresh database for this test, dropped afterwards with its replication slots."""
+    name = _database_name(request.node.name)
+    database = TestDatabase(name=name, dsn=pg.create_database(name))
+    try:
+        yield database
+    finally:
+        pg.drop_database(name)
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    """A topic prefix no other test uses, so tests sharing a broker never meet."""
+    return "t" + uuid.uuid4().hex[:12]

@@ -1,0 +1,153 @@
+"""Helpers for the end-to-end tests: configs, the daemon as a real process, reading topics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+
+from cdc.config import TopicConfig
+from cdc.naming import topic_name
+from compaction.reader import read_topic
+from compaction.table import TopicTable, build, payload_of
+
+
+def write_config(path: Path, dsn: str, servers: str, prefix: str, tables: list[str], **sections: dict) -> Path:
+    """A cdc.toml for one test: its own database, slot, publication and topic prefix."""
+    source = {"dsn": dsn, "slot": "s_" + prefix.lower(), "publication": "p_" + prefix.lower(), "tables": tables}
+    source.update(sections.pop("source", {}))
+    topic = {"bootstrap_servers": servers, "prefix": prefix, "partitions": 3}
+    topic.update(sections.pop("topic", {}))
+    daemon = {"spill_dir": str(path.parent / "spill"), "log_level": "INFO"}
+    daemon.update(sections.pop("daemon", {}))
+    all_sections = {"source": source, "topic": topic, "daemon": daemon, **sections}
+    lines = []
+    for name, values in all_sections.items():
+        lines.append(f"[{name}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {_toml(value)}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return orjson.dumps(str(value)).decode()  # a JSON string is a valid TOML basic string
+
+
+def cdc(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the `cdc` command line to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "cdc", *args],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+    )
+
+
+class DaemonProcess:
+    """`cdc run` as a real OS process, so tests can SIGTERM and kill -9 it."""
+
+    def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None) -> None:
+        self.config, self.log, self.env = config, log, env or {}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> DaemonProcess:
+        self._log = open(self.log, "a", encoding="utf-8")  # noqa: SIM115 (closed in wait)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cdc", "run", "--config", str(self.config)],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+        )
+        return self
+
+    def stop(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.wait(30)
+
+    def wait(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout)
+        finally:
+            self._log.close()
+        return code
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll)
+
+
+def current_lsn(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()[0]
+
+
+def confirmed_lsn(dsn: str, slot: str) -> int | None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def wait_caught_up(dsn: str, slot: str, daemon: DaemonProcess | None = None, timeout: float = 90) -> None:
+    """Until the slot confirmed everything written so far: every record is acknowledged."""
+    target = current_lsn(dsn)
+
+    def done() -> bool:
+        if daemon is not None and not daemon.alive():
+            raise AssertionError(f"daemon exited early:\n{daemon.output()[-3000:]}")
+        lsn = confirmed_lsn(dsn, slot)
+        return lsn is not None and lsn >= target
+
+    wait_for(done, timeout, f"slot {slot} to confirm LSN {target}")
+
+
+def topic_records(servers: str, prefix: str, schema: str, table: str) -> list[tuple[bytes | None, dict | None]]:
+    """Every record of the table's topic as (key, envelope or None for a tombstone), per partition order."""
+    topic = topic_name(prefix, schema, table)
+    records = read_topic(TopicConfig(bootstrap_servers=servers), topic)
+    return [(r.key, None if r.value is None else payload_of(r.value)) for r in records]
+
+
+def topic_table(servers: str, prefix: str, schema: str, table: str) -> TopicTable:
+    return build(read_topic(TopicConfig(bootstrap_servers=servers), topic_name(prefix, schema, table)))
+
+
+def source_table(dsn: str, sql: str, key: str = "id") -> dict[bytes, dict[str, Any]]:
+    """Rows of a query keyed like the topic: {"<key>":value} -> row dict."""
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        names = [d.name for d in cur.description]
+        rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    return {orjson.dumps({key: row[key]}): row for row in rows}
