@@ -8,8 +8,11 @@ ignored: a typo in a config must not quietly fall back to a default.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -103,6 +106,22 @@ class Config:
             raise ConfigError("[topic] client must be \"kafka-python\" or \"confluent\"")
         if self.topic.partitions < 1:
             raise ConfigError("[topic] partitions must be at least 1")
+        for section, key, low in (
+            ("topic", "replication_factor", 1), ("topic", "min_insync_replicas", 1),
+            ("topic", "max_message_bytes", 1), ("daemon", "max_pending_records", 1),
+            ("source", "slot_wait_s", 0), ("source", "status_interval_s", 0.1),
+            ("daemon", "metrics_port", 0),
+        ):
+            if getattr(getattr(self, section), key) < low:
+                raise ConfigError(f"[{section}] {key} must be at least {low}")
+        if self.daemon.metrics_port > 65535:
+            raise ConfigError("[daemon] metrics_port must be a TCP port (0 to 65535; 0 turns metrics off)")
+        if self.daemon.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(
+                f"[daemon] log_level {self.daemon.log_level!r} is not a level: use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+            )
+        if not self.topic.bootstrap_servers.strip():
+            raise ConfigError("[topic] bootstrap_servers is empty: set it to host:port of the broker, e.g. 127.0.0.1:9092")
         for name in ("slot", "publication"):
             value = getattr(self.source, name)
             if not value or not all(c.isalnum() and c.isascii() or c == "_" for c in value) or value != value.lower():
@@ -114,6 +133,30 @@ class Config:
 
 
 SECTIONS = {f.name: f.type for f in fields(Config)}
+_SECTION_TYPES: dict[str, Any] = {f.name: f.default_factory for f in fields(Config)}
+
+
+_KIND_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+
+
+def _example(section: str, key: str, kind: Any, from_env: bool) -> str:
+    """`key = <default>` (or `CDC_SECTION_KEY=<default>`): what a valid setting looks like."""
+    default = getattr(_SECTION_TYPES[section](), key)
+    if from_env:
+        if isinstance(default, bool):
+            text = "true" if default else "false"
+        elif isinstance(default, list):
+            text = ",".join(default)
+        else:
+            text = str(default)
+        return f"CDC_{section.upper()}_{key.upper()}={text}"
+    if isinstance(default, bool):
+        text = "true" if default else "false"
+    elif isinstance(default, (int, float)):
+        text = repr(default)
+    else:
+        text = json.dumps(default, ensure_ascii=False)  # a JSON string or list is valid TOML
+    return f"{key} = {text}"
 
 
 def _coerce(section: str, key: str, kind: Any, value: Any, from_env: bool) -> Any:
@@ -122,23 +165,30 @@ def _coerce(section: str, key: str, kind: Any, value: Any, from_env: bool) -> An
         if kind is bool:
             if isinstance(value, bool):
                 return value
-            text = str(value).strip().lower()
+            if not isinstance(value, str):
+                raise ValueError
+            text = value.strip().lower()
             if text in ("1", "true", "yes", "on"):
                 return True
             if text in ("0", "false", "no", "off"):
                 return False
             raise ValueError
         if kind is int:
-            if isinstance(value, bool):
-                raise ValueError
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise ValueError  # a float would be truncated silently: 3.5 partitions is a typo
             return int(value)
         if kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError
             return float(value)
         if kind == list[str]:
             if isinstance(value, str):
                 text = value.strip()
                 if text.startswith("["):
-                    return [str(v) for v in tomllib.loads(f"v = {text}")["v"]]
+                    items = tomllib.loads(f"v = {text}")["v"]
+                    if not all(isinstance(v, str) for v in items):
+                        raise ValueError
+                    return items
                 return split_list(text)
             if isinstance(value, list) and all(isinstance(v, str) for v in value):
                 return value
@@ -146,9 +196,25 @@ def _coerce(section: str, key: str, kind: Any, value: Any, from_env: bool) -> An
         if not isinstance(value, str):
             raise ValueError
         return value
-    except (ValueError, tomllib.TOMLDecodeError):
-        shown = "<hidden>" if "password" in key else repr(value)
-        raise ConfigError(f"{where} = {shown} is not a valid {getattr(kind, '__name__', str(kind))}") from None
+    except (ValueError, TypeError, tomllib.TOMLDecodeError):
+        if "password" in key:
+            shown = "<hidden>"
+        elif isinstance(value, bool) and not from_env:
+            shown = "true" if value else "false"  # as the file spells it
+        else:
+            shown = repr(value)
+        what = _KIND_NAMES.get(kind, "a list of strings")
+        raise ConfigError(
+            f"{where} = {shown} is not {what}: set it to one, e.g. {_example(section, key, kind, from_env)}"
+        ) from None
+
+
+def _unknown(what: str, name: str, known: list[str], shown: Callable[[str], str], listing: str) -> ConfigError:
+    """`unknown <what>: did you mean <x>? ...` when a known name is close, else the known names."""
+    close = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.6)
+    if close:
+        return ConfigError(f"unknown {what}: did you mean {shown(close[0])}? (remove it or fix the spelling)")
+    return ConfigError(f"unknown {what}: remove it ({listing})")
 
 
 def load(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Config:
@@ -160,26 +226,48 @@ def load(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | N
             raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file {path} not found: pass an existing file to --config") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text: save it as UTF-8") from None
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read config file {path} ({exc.strerror or type(exc).__name__}): "
+                "pass a readable TOML file to --config"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    unknown = set(raw) - set(SECTIONS)
-    if unknown:
-        raise ConfigError(f"unknown section [{sorted(unknown)[0]}] in {path}: known are {', '.join(SECTIONS)}")
+    sections = list(SECTIONS)
+    for name in raw:
+        if name not in SECTIONS:
+            raise _unknown(
+                f"section [{name}] in {path}", name, sections, lambda s: f"[{s}]", f"sections: {', '.join(sections)}"
+            )
     config = Config()
     for section_name in SECTIONS:
         section = getattr(config, section_name)
         hints = get_type_hints(type(section))
         values = raw.get(section_name, {})
         if not isinstance(values, dict):
-            raise ConfigError(f"[{section_name}] in {path} must be a table")
-        known = {f.name for f in dataclasses.fields(section)}
+            raise ConfigError(
+                f"[{section_name}] in {path} must be a table: write it as a [{section_name}] section"
+            )
+        known = sorted(f.name for f in dataclasses.fields(section))
         for key in values:
             if key not in known:
-                raise ConfigError(f"unknown key {key!r} in [{section_name}]: known keys are {', '.join(sorted(known))}")
+                raise _unknown(
+                    f"key {key!r} in [{section_name}]", key, known, repr, f"known keys: {', '.join(known)}"
+                )
+        env_prefix = f"CDC_{section_name.upper()}_"
+        for name in sorted(environ):
+            if name.startswith(env_prefix) and name[len(env_prefix):] not in {k.upper() for k in known}:
+                raise _unknown(
+                    f"environment variable {name}", name[len(env_prefix):], known,
+                    lambda k, p=env_prefix: p + k.upper(),
+                    f"known: {', '.join(env_prefix + k.upper() for k in known)}",
+                )
         for key in known:
             if key in values:
                 setattr(section, key, _coerce(section_name, key, hints[key], values[key], False))
-            env_name = f"CDC_{section_name.upper()}_{key.upper()}"
+            env_name = env_prefix + key.upper()
             if env_name in environ:
                 setattr(section, key, _coerce(section_name, key, hints[key], environ[env_name], True))
     return config.validate()

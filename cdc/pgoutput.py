@@ -17,6 +17,9 @@ Protocol facts that are easy to get wrong (checked against real PostgreSQL 15 ou
   changes that xid is the *subtransaction's* xid when the change was made in a
   subtransaction, not the top-level xid of the Stream Start.
 * Message ('M') has that xid only inside stream blocks; the flags byte follows it.
+  A transactional Message emitted in a subtransaction still carries the top-level
+  xid (PostgreSQL 15), so a later Stream Abort of that subtransaction cannot be
+  matched to it by xid.
 * Origin ('O') never has an xid, even when sent right after a Stream Start.
 * A key-only old tuple ('K') has one entry per column; non-key columns are sent as
   NULL ('n'), they are not left out.

@@ -14,7 +14,7 @@ import psycopg
 
 from cdc.catalog import CapturedTable, Catalog
 from cdc.config import Config
-from cdc.naming import qualified, quote_ident
+from cdc.naming import TablePattern, parse_table_pattern, qualified, quote_ident
 from cdc.redact import redact_dsn
 from cdc.replication import parse_lsn
 
@@ -65,10 +65,7 @@ def resolve_tables(catalog: Catalog, config: Config) -> list[CapturedTable]:
     """The captured tables, each readable and keyed; warns about TOAST placeholders."""
     tables, unmatched = catalog.resolve(config.source.tables)
     if unmatched:
-        raise PreflightError(
-            f"table {unmatched[0]} not found in database {catalog.database()}: check [source] tables "
-            "(identifiers are case-folded unless double-quoted)"
-        )
+        raise PreflightError(_not_found(catalog, unmatched[0]))
     role = catalog.conn.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
     for table in tables:
         name = qualified(table.schema, table.table)
@@ -86,6 +83,24 @@ def resolve_tables(catalog: Catalog, config: Config) -> list[CapturedTable]:
                 f"run ALTER TABLE {name} REPLICA IDENTITY DEFAULT (or FULL)"
             )
     return [_apply_toast_policy(catalog, config, t) for t in tables]
+
+
+def _not_found(catalog: Catalog, text: str) -> str:
+    """Why a pattern matched nothing, with the spelling it probably meant (case is the usual slip)."""
+    pattern = parse_table_pattern(text)
+    database = catalog.database()
+    if pattern.table is None:
+        return (
+            f"no tables match {text} in database {database}: create them first or remove the pattern "
+            "from [source] tables"
+        )
+    wanted = (pattern.schema.casefold(), pattern.table.casefold())
+    similar = [str(TablePattern(s, t)) for _, s, t, _ in catalog.all_tables() if (s.casefold(), t.casefold()) == wanted]
+    hint = f"; did you mean {similar[0]}?" if similar else ""
+    return (
+        f"table {text} not found in database {database}: check [source] tables "
+        f"(identifiers are case-folded unless double-quoted{hint})"
+    )
 
 
 def _apply_toast_policy(catalog: Catalog, config: Config, table: CapturedTable) -> CapturedTable:

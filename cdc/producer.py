@@ -113,7 +113,18 @@ class KafkaPythonProducer:
         return True
 
     def close(self) -> None:
-        self._producer.close(timeout=0)
+        """Abandon unacknowledged records (the daemon rewinds and resends them) and make sure
+        this producer's I/O thread is gone, so none of its retries can land after the resends."""
+        from kafka.errors import KafkaError
+
+        try:
+            self._producer.close(timeout=0.5)
+        except KafkaError:  # kafka-python's close flushes first and raises while records are pending
+            sender = self._producer._sender
+            if sender is not None:
+                sender.force_close()
+                sender.join(10)
+            self._producer._closed = True
 
 
 class _ConfluentDelivery:
@@ -189,8 +200,9 @@ class ConfluentProducer:
         return self._producer.flush(timeout_s) == 0
 
     def close(self) -> None:
-        self._producer.purge()
-        self._producer.flush(0)
+        """Abandon queued and in-flight records (no retries of them after this)."""
+        self._producer.purge(in_queue=True, in_flight=True)
+        self._producer.flush(5)
 
 
 def make_producer(config: TopicConfig, partition_counts: dict[str, int]) -> Producer:

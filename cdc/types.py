@@ -233,9 +233,6 @@ def _build_builtins() -> dict[int, PgType]:
 
 BUILTIN_TYPES: dict[int, PgType] = _build_builtins()
 
-#: Extension types with dynamic oids, recognised by name when not builtin.
-_EXTENSION_NAMES = frozenset({"hstore", "citext", "ltree"})
-
 _TYPE_QUERY = """
 SELECT t.typname, t.typtype, t.typelem, t.typbasetype, t.typtypmod,
        (t.typelem <> 0 AND e.typarray = t.oid) AS is_array
@@ -532,8 +529,7 @@ def _timetz(s: str) -> str:
         return s[:-3] + "Z"
     time, offset = _split_offset(s)
     secs = int(time[:2]) * 3600 + int(time[3:5]) * 60 + int(time[6:8]) - _offset_seconds(offset)
-    if not 0 <= secs <= 86400:
-        secs %= 86400
+    secs %= 86400  # only the literal '24:00:00+00' (fast path above) keeps hour 24
     hh, r = divmod(secs, 3600)
     mm, ss = divmod(r, 60)
     return f"{hh:02d}:{mm:02d}:{ss:02d}{time[8:]}Z"

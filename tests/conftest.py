@@ -24,6 +24,15 @@ from cdc.local_services import LocalBroker, LocalPostgres
 EXTERNAL_KAFKA_ENV = "CDC_TEST_BOOTSTRAP_SERVERS"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # kafka-python 3.0 loads its protocol schemas with importlib.resources APIs that
+    # Python 3.11 deprecates: hundreds of warnings per run that are not ours to fix.
+    config.addinivalue_line(
+        "filterwarnings", "ignore::DeprecationWarning:kafka.protocol.schemas.load_json"
+    )
+    config.addinivalue_line("filterwarnings", "ignore:open_text is deprecated:DeprecationWarning")
+
+
 @pytest.fixture(scope="session")
 def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
     """The session's cluster (wal_level=logical); see postgres.log in its base dir."""

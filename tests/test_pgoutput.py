@@ -329,6 +329,19 @@ REAL_STREAM_SUBXACT = [
     H("63000002ea0000000000016513e00000000001651418000303ceec19f3f6"),
 ]
 REAL_STREAM_ABORT_TOPLEVEL = H("41000002ed000002ed")
+# xid 768: INSERT INTO small; SAVEPOINT s; pg_logical_emit_message(true, 'sub', ...);
+# <enough changes to force streaming>; ROLLBACK TO s; COMMIT. The message was emitted in
+# subtransaction 769 but carries the top-level xid, so Stream Abort(768, 769) cannot be
+# matched to it by xid (PostgreSQL <= 17 behaviour).
+REAL_STREAM_SUBXACT_MESSAGE = [
+    H("530000030001"),
+    H("5200000300000040297075626c696300736d616c6c006400010169640000000017ffffffff"),
+    H("4900000300000040294e000174000000023738"),
+    H("4d000003000100000000017b2e48737562000000000a696e2073756278616374"),
+    H("45"),
+    H("410000030000000301"),
+    H("63000003000000000000018095e80000000001809618000303cf06c328d2"),
+]
 # xid 751: streamed transaction on a table with an enum column (Type message in stream)
 REAL_STREAM_TYPE = [
     H("53000002ef01"),
@@ -461,6 +474,15 @@ def test_real_streamed_subxact_abort() -> None:
     assert d.decode(REAL_STREAM_ABORT_TOPLEVEL) == StreamAbort(749, 749)
 
 
+def test_real_streamed_message_in_aborted_subxact_has_toplevel_xid() -> None:
+    d = Decoder()
+    out = [d.decode(m) for m in REAL_STREAM_SUBXACT_MESSAGE]
+    assert out[2] == Insert(768, 16425, ["78"])
+    assert out[3] == Message(768, True, 0x17B2E48, "sub", b"in subxact")
+    assert out[5] == StreamAbort(768, 769)
+    assert out[6] == StreamCommit(768, 0, 0x18095E8, 0x1809618, 1_795_297_436_698_834)
+
+
 def test_real_streamed_type_and_delete() -> None:
     d = Decoder()
     out = [d.decode(m) for m in REAL_STREAM_TYPE]
@@ -488,7 +510,10 @@ def test_real_spilled_chunk_replay() -> None:
 def _stream_payloads() -> list[bytes]:
     return [
         m
-        for m in REAL_STREAM_COMMITTED + REAL_STREAM_SUBXACT + REAL_STREAM_TYPE
+        for m in REAL_STREAM_COMMITTED
+        + REAL_STREAM_SUBXACT
+        + REAL_STREAM_TYPE
+        + REAL_STREAM_SUBXACT_MESSAGE
         if m[:1] in b"RYIUDTM"
     ]
 

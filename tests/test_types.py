@@ -220,6 +220,8 @@ TIMETZ = [
     ("00:15:00+01", "23:15:00Z"),
     ("24:00:00+00", "24:00:00Z"),  # Debezium keeps the end-of-day boundary at UTC
     ("24:00:00+05", "19:00:00Z"),
+    ("23:00:00-01", "00:00:00Z"),
+    ("01:00:00+01", "00:00:00Z"),
 ]
 
 
@@ -247,7 +249,6 @@ def test_timestamp(text: str, micros: int, text3: str, millis: int):
     assert conv(1114, text) == micros
     assert conv(1114, text, 6) == micros
     assert conv(1114, text3, 3) == millis
-    assert conv(1114, text3, 0 if text3.endswith(("00", "BC")) else 3) == millis
 
 
 def test_timestamp_reference_by_datetime():
@@ -391,8 +392,7 @@ HSTORE_SAMPLES = [
     ("", {}),
     ('"a"=>"1", "aa"=>"0", "bb"=>"2", "ccc"=>"3"', {"a": "1", "aa": "0", "bb": "2", "ccc": "3"}),
     (
-        '""=>"", "a"=>"1", "b"=>NULL, "c d"=>"x\\"y", "NULL"=>"NULL", '
-        '"back\\\\slash"=>"q\\\\"',
+        '""=>"", "a"=>"1", "b"=>NULL, "c d"=>"x\\"y", "NULL"=>"NULL", "back\\\\slash"=>"q\\\\"',
         {"": "", "a": "1", "b": None, "c d": 'x"y', "NULL": "NULL", "back\\slash": "q\\"},
     ),
     ('"k"=>"line1\nline2", "tab"=>"a\tb"', {"k": "line1\nline2", "tab": "a\tb"}),
@@ -446,8 +446,18 @@ ARRAYS = [
         -1,
         '{"(1,2)","(3.5,-4)"}',
         [
-            {"x": 1.0, "y": 2.0, "wkb": b64("0101000000" + "000000000000f03f" + "0000000000000040"), "srid": None},
-            {"x": 3.5, "y": -4.0, "wkb": b64("0101000000" + "0000000000000c40" + "00000000000010c0"), "srid": None},
+            {
+                "x": 1.0,
+                "y": 2.0,
+                "wkb": b64("0101000000" + "000000000000f03f" + "0000000000000040"),
+                "srid": None,
+            },
+            {
+                "x": 3.5,
+                "y": -4.0,
+                "wkb": b64("0101000000" + "0000000000000c40" + "00000000000010c0"),
+                "srid": None,
+            },
         ],
     ),
     (1563, -1, "{101,1}", [b64("05"), b64("01")]),
@@ -485,7 +495,9 @@ def test_enum_domain_composite():
     assert converter(PgType(16806, "_mood", "b", element=MOOD), -1)("{sad,ok}") == ["sad", "ok"]
     assert converter(PRICE2, -1)("12.50") == "12.50"
     assert converter(TS3, -1)("2024-01-02 03:04:05.12") == 1704164645120  # domain typmod wins
-    assert converter(PgType(17001, "_ts3", "b", element=TS3), -1)('{"1970-01-01 00:00:01"}') == [1000]
+    assert converter(PgType(17001, "_ts3", "b", element=TS3), -1)('{"1970-01-01 00:00:01"}') == [
+        1000
+    ]
     tags = PgType(16818, "tags", "d", base=BUILTIN_TYPES[1009])
     assert converter(tags, -1)('{"a b",c}') == ["a b", "c"]
     assert converter(COMP, -1)('(1,"x y")') == '(1,"x y")'

@@ -1,0 +1,608 @@
+"""Every bad input: one `error: ...` line naming the fix, exit 1, and nothing lost.
+
+End to end: `python -m cdc run --config ...` as a subprocess against the session's real
+PostgreSQL cluster and broker (plus two throwaway clusters for server settings the shared
+one must not have). Where the daemon refuses to start while a slot exists, the slot's
+confirmed_flush_lsn must not have moved: a refusal never confirms anything.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from cdc.local_services import LocalPostgres, free_port
+from cdc.naming import topic_name
+from cdc.replication import ReplicationConnection
+from tests.support import (
+    DaemonProcess,
+    cdc,
+    confirmed_lsn,
+    topic_records,
+    wait_caught_up,
+    wait_for,
+    write_config,
+)
+
+SECRET = "s3cret"
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def refused(result: subprocess.CompletedProcess) -> str:
+    """The one error line's message; fails unless exit 1, no traceback, exactly one line."""
+    output = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 1, output
+    assert "Traceback" not in result.stderr + result.stdout, output
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert lines, output
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1, output  # one error line ...
+    assert lines[-1] == errors[0], output  # ... and nothing after it (a multi-line message would be)
+    return errors[0][len("error: "):]
+
+
+def run(config: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return cdc("run", "--config", str(config), *args, env=env, timeout=timeout)
+
+
+def slot_of(prefix: str) -> str:
+    return "s_" + prefix.lower()
+
+
+def make_slot(db, slot: str) -> int:
+    """An existing slot (as a previous run leaves it); returns its confirmed_flush_lsn."""
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    lsn = confirmed_lsn(db.dsn, slot)
+    assert lsn is not None
+    return lsn
+
+
+def slot_row(db, slot: str) -> tuple | None:
+    rows = db.fetchall(
+        "SELECT confirmed_flush_lsn - '0/0', active_pid, wal_status FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    )
+    return rows[0] if rows else None
+
+
+def slot_active(db, slot: str) -> bool:
+    row = slot_row(db, slot)
+    return row is not None and row[1] is not None
+
+
+@pytest.fixture
+def config_for(tmp_path, db, broker_servers, topic_prefix):
+    """A config on the test's database, broker and prefix; sections override keys."""
+
+    def make(tables: list[str], dsn: str | None = None, **sections) -> Path:
+        sections.setdefault("daemon", {}).setdefault("log_level", "WARNING")
+        return write_config(tmp_path / "cdc.toml", dsn or db.dsn, broker_servers, topic_prefix, tables, **sections)
+
+    return make
+
+
+@pytest.fixture
+def role(pg, db) -> Iterator:
+    """Create login roles in the cluster (roles are cluster-wide: unique names); dropped afterwards."""
+    made: list[str] = []
+
+    def create(attributes: str = "") -> str:
+        name = f"r_{uuid.uuid4().hex[:10]}"
+        db.execute(sql.SQL("CREATE ROLE {} LOGIN " + attributes).format(sql.Identifier(name)))
+        made.append(name)
+        return name
+
+    yield create
+    with psycopg.connect(pg.dsn(db.name), autocommit=True) as conn:
+        for name in made:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        for name in made:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def as_user(dsn: str, user: str) -> str:
+    return f"{dsn} user={user}"  # libpq: the last occurrence of a key wins
+
+
+# ------------------------------------------------------------------- 1. wrong config
+
+
+CONFIG_CASES = {
+    "unknown key": (
+        '[topic]\npartiton = 3\n', {},
+        "unknown key 'partiton' in [topic]: did you mean 'partitions'? (remove it or fix the spelling)",
+    ),
+    "unknown key, nothing close": (
+        '[source]\ncolour = "red"\n', {},
+        "unknown key 'colour' in [source]: remove it (known keys: dsn, protocol_version,",
+    ),
+    "unknown section": (
+        '[sources]\ndsn = "x"\n', {},
+        "unknown section [sources] in {path}: did you mean [source]? (sections: source, topic, events, daemon)",
+    ),
+    "bad type": (
+        '[topic]\npartitions = "x"\n', {},
+        "[topic] partitions = 'x' is not a whole number: set it to one, e.g. partitions = 3",
+    ),
+    "float for an int": (
+        '[topic]\npartitions = 3.5\n', {},
+        "[topic] partitions = 3.5 is not a whole number: set it to one, e.g. partitions = 3",
+    ),
+    "bool for a float": (
+        '[source]\nslot_wait_s = true\n', {},
+        "[source] slot_wait_s = True is not a number: set it to one, e.g. slot_wait_s = 10.0",
+    ),
+    "bad boolean": (
+        '[topic]\nallow_non_compacted = "maybe"\n', {},
+        "[topic] allow_non_compacted = 'maybe' is not true or false: set it to one, e.g. allow_non_compacted = false",
+    ),
+    "env override": (
+        "", {"CDC_TOPIC_PARTITIONS": "abc"},
+        "CDC_TOPIC_PARTITIONS = 'abc' is not a whole number: set it to one, e.g. CDC_TOPIC_PARTITIONS=3",
+    ),
+    "env override of a known section with an unknown key": (
+        "", {"CDC_SOURCE_TABLE": "public.x"},
+        "unknown environment variable CDC_SOURCE_TABLE: did you mean CDC_SOURCE_TABLES? (remove it or fix the spelling)",
+    ),
+    "section not a table": (
+        "source = 3\n", {},
+        "[source] in {path} must be a table: write it as a [source] section",
+    ),
+    "invalid TOML": (
+        "[topic]\npartitions = 3 x\n", {},
+        "config file {path} is not valid TOML: Expected newline or end of document after a statement (at line 2, column 16)",
+    ),
+    "not UTF-8": (
+        b"[topic]\nprefix = \"caf\xe9\"\n", {},
+        "config file {path} is not UTF-8 text: save it as UTF-8",
+    ),
+    "table pattern without schema": (
+        '[source]\ntables = ["orders"]\n', {},
+        "table pattern 'orders' has no schema: write it as schema.table, e.g. public.orders",
+    ),
+    "empty table list": (
+        "[source]\ntables = []\n", {},
+        '[source] tables is empty: list the tables to capture, e.g. tables = ["public.*"]',
+    ),
+    "bad prefix characters": (
+        '[topic]\nprefix = "my prefix!"\n', {},
+        "topic prefix 'my prefix!' has characters Kafka does not allow (' !'): use only ASCII letters, digits, '.', '_' and '-', e.g. dbserver1",
+    ),
+    "bad prefix from the environment": (
+        "", {"CDC_TOPIC_PREFIX": "a/b"},
+        "topic prefix 'a/b' has characters Kafka does not allow ('/')",
+    ),
+    "bad slot name": (
+        '[source]\nslot = "My-Slot"\n', {},
+        "[source] slot 'My-Slot' must be lower-case letters, digits and underscores",
+    ),
+    "streaming without protocol 2": (
+        "[source]\nstreaming = true\n", {},
+        "[source] streaming needs protocol_version = 2",
+    ),
+    "secret of the wrong type": (
+        "[topic]\nsasl_password = 12345\n", {},
+        "[topic] sasl_password = <hidden> is not a string",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_config_mistakes(case, tmp_path):
+    text, env, expected = CONFIG_CASES[case]
+    path = tmp_path / "cdc.toml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    message = refused(run(path, env=env, timeout=30))
+    assert expected.format(path=path) in message
+    if "sasl_password" in text:
+        assert "12345" not in message
+
+
+def test_config_file_missing(tmp_path):
+    missing = tmp_path / "nope.toml"
+    message = refused(run(missing, timeout=30))
+    assert message == f"config file {missing} not found: pass an existing file to --config"
+
+
+def test_config_path_is_a_directory(tmp_path):
+    message = refused(run(tmp_path, timeout=30))
+    assert message.startswith(f"cannot read config file {tmp_path} (")
+    assert message.endswith("): pass a readable TOML file to --config")
+
+
+# -------------------------------------------------------------- 2. PostgreSQL unreachable
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        f"host=127.0.0.1 port={{port}} user=cdc password={SECRET} dbname=app",
+        f"postgresql://cdc:{SECRET}@127.0.0.1:{{port}}/app?sslmode=disable",
+        f"host=127.0.0.1 port={{port}} user=cdc password='{SECRET} x' dbname=app",
+    ],
+    ids=["key-value", "uri", "quoted"],
+)
+def test_postgres_unreachable_names_the_dsn_but_never_the_password(dsn, config_for):
+    port = free_port()  # nothing listens there
+    config = config_for(["public.*"], dsn=dsn.format(port=port))
+    started = time.monotonic()
+    result = run(config)
+    message = refused(result)
+    assert time.monotonic() - started < 30
+    assert message.startswith("cannot connect to PostgreSQL (")
+    assert f'port {port} failed: Connection refused' in message
+    assert "check [source] dsn / CDC_SOURCE_DSN (" in message
+    assert SECRET not in result.stdout + result.stderr
+
+
+def test_postgres_unreachable_from_the_environment_hides_the_password(config_for):
+    port = free_port()
+    config = config_for(["public.*"])
+    result = run(config, env={"CDC_SOURCE_DSN": f"host=127.0.0.1 port={port} password={SECRET} dbname=x"})
+    message = refused(result)
+    assert "check [source] dsn / CDC_SOURCE_DSN" in message and "password=***" in message
+    assert SECRET not in result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------ 3. wal_level
+
+
+@pytest.fixture
+def replica_pg(tmp_path) -> Iterator[LocalPostgres]:
+    cluster = LocalPostgres(tmp_path / "pg-replica", settings={"wal_level": "replica"})
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_wal_level_not_logical(replica_pg, tmp_path, broker_servers, topic_prefix):
+    replica_pg.create_database("app")
+    dsn = replica_pg.dsn("app")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    config = write_config(tmp_path / "cdc.toml", dsn, broker_servers, topic_prefix, ["public.t"])
+    message = refused(run(config))
+    assert message == (
+        "wal_level is 'replica', logical decoding needs 'logical': run ALTER SYSTEM SET wal_level = logical "
+        "(or set it in postgresql.conf) and restart PostgreSQL"
+    )
+
+
+# ------------------------------------------------------------------ 4. roles
+
+
+def test_role_without_replication(db, role, config_for, topic_prefix):
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    name = role()
+    db.execute(sql.SQL("GRANT SELECT ON public.t TO {}").format(sql.Identifier(name)))
+    slot = slot_of(topic_prefix)
+    before = make_slot(db, slot)
+    message = refused(run(config_for(["public.t"], dsn=as_user(db.dsn, name))))
+    assert message == f'role {name} lacks the REPLICATION attribute: run ALTER ROLE "{name}" REPLICATION as a superuser'
+    assert confirmed_lsn(db.dsn, slot) == before
+
+
+def test_role_without_select(db, role, config_for, topic_prefix):
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    name = role("REPLICATION")
+    slot = slot_of(topic_prefix)
+    before = make_slot(db, slot)
+    message = refused(run(config_for(["public.t"], dsn=as_user(db.dsn, name))))
+    assert message == f'role {name} lacks SELECT on public.t: run GRANT SELECT ON "public"."t" TO "{name}"'
+    assert confirmed_lsn(db.dsn, slot) == before
+
+
+def test_role_that_cannot_create_the_publication(db, role, config_for, topic_prefix):
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    name = role("REPLICATION")
+    db.execute(sql.SQL("GRANT SELECT ON public.t TO {}").format(sql.Identifier(name)))
+    message = refused(run(config_for(["public.t"], dsn=as_user(db.dsn, name))))
+    assert message.startswith(f"cannot create or alter publication p_{topic_prefix.lower()} (")
+    assert "the role must own the tables (or create it as a superuser: CREATE PUBLICATION" in message
+    assert db.fetchall("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot_of(topic_prefix),)) == [(0,)]
+
+
+# ------------------------------------------------------------------ 5. tables
+
+
+TABLE_CASES = {
+    "table not found": (
+        "CREATE TABLE public.orders (id int PRIMARY KEY)",
+        ["public.orders", "public.missing"],
+        "table public.missing not found in database {db}: check [source] tables "
+        "(identifiers are case-folded unless double-quoted)",
+    ),
+    "table only differs in case": (
+        'CREATE TABLE public."Orders" (id int PRIMARY KEY)',
+        ["public.Orders"],
+        "table public.Orders not found in database {db}: check [source] tables "
+        '(identifiers are case-folded unless double-quoted; did you mean public."Orders"?)',
+    ),
+    "schema.* matching nothing": (
+        "CREATE SCHEMA empty; CREATE TABLE public.t (id int PRIMARY KEY)",
+        ["public.t", "empty.*"],
+        "no tables match empty.* in database {db}: create them first or remove the pattern from [source] tables",
+    ),
+    "schema.* of a missing schema": (
+        "CREATE TABLE public.t (id int PRIMARY KEY)",
+        ["nosuch.*"],
+        "no tables match nosuch.* in database {db}: create them first or remove the pattern from [source] tables",
+    ),
+    "no primary key, no replica identity index": (
+        "CREATE TABLE public.log (at timestamptz, msg text)",
+        ["public.log"],
+        "table public.log has no primary key and no replica identity index, so its rows have no key in a "
+        'compacted topic: add a primary key, or ALTER TABLE "public"."log" REPLICA IDENTITY USING INDEX <unique index>',
+    ),
+    "replica identity full without a key": (
+        "CREATE TABLE public.log (at timestamptz, msg text); ALTER TABLE public.log REPLICA IDENTITY FULL",
+        ["public.log"],
+        "table public.log has no primary key and no replica identity index",
+    ),
+    "replica identity nothing": (
+        "CREATE TABLE public.t (id int PRIMARY KEY); ALTER TABLE public.t REPLICA IDENTITY NOTHING",
+        ["public.t"],
+        'table public.t has REPLICA IDENTITY NOTHING, so deletes carry no key: '
+        'run ALTER TABLE "public"."t" REPLICA IDENTITY DEFAULT (or FULL)',
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(TABLE_CASES))
+def test_table_mistakes(case, db, config_for, topic_prefix, broker_servers):
+    setup, tables, expected = TABLE_CASES[case]
+    for statement in setup.split("; "):
+        db.execute(statement)
+    slot = slot_of(topic_prefix)
+    before = make_slot(db, slot)
+    message = refused(run(config_for(tables)))
+    assert expected.format(db=db.name) in message
+    assert confirmed_lsn(db.dsn, slot) == before
+    # refused before any topic or publication was made
+    assert db.fetchall("SELECT count(*) FROM pg_publication") == [(0,)]
+
+
+# ------------------------------------------------------------------ 6. broker unreachable
+
+
+def test_broker_unreachable(db, config_for, topic_prefix):
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    slot = slot_of(topic_prefix)
+    before = make_slot(db, slot)
+    port = free_port()
+    config = config_for(["public.t"], topic={"bootstrap_servers": f"127.0.0.1:{port}"})
+    started = time.monotonic()
+    message = refused(run(config))
+    assert time.monotonic() - started < 30
+    assert message.startswith(f"cannot reach the Kafka broker at 127.0.0.1:{port} (")
+    assert message.endswith("start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS")
+    assert confirmed_lsn(db.dsn, slot) == before
+
+
+# ------------------------------------------------------------------ 7. non-compacted topic
+
+
+def _create_delete_topic(servers: str, name: str) -> None:
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=servers, client_id="test-bad-input")
+    try:
+        admin.create_topics([NewTopic(name, 1, 1, topic_configs={"cleanup.policy": "delete"})])
+    finally:
+        admin.close()
+
+
+def test_non_compacted_topic_is_refused_then_allowed(db, config_for, topic_prefix, broker_servers, tmp_path):
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    topic = topic_name(topic_prefix, "public", "t")
+    _create_delete_topic(broker_servers, topic)
+    slot = slot_of(topic_prefix)
+    before = make_slot(db, slot)
+    db.execute("INSERT INTO public.t VALUES (1, 'kept')")  # written while the daemon refuses
+
+    message = refused(run(config_for(["public.t"])))
+    assert message == (
+        f"topic {topic} has cleanup.policy=delete, not compact: compaction is what keeps the latest row per key, "
+        "so set cleanup.policy=compact on it, or set [topic] allow_non_compacted = true to use it anyway"
+    )
+    assert confirmed_lsn(db.dsn, slot) == before
+
+    config = config_for(["public.t"], topic={"allow_non_compacted": True}, daemon={"log_level": "INFO"})
+    daemon = DaemonProcess(config, tmp_path / "daemon.log").start()
+    try:
+        wait_for(lambda: not daemon.alive() or slot_active(db, slot), 60, "the daemon to stream")
+        assert daemon.alive(), daemon.output()
+        db.execute("INSERT INTO public.t VALUES (2, 'new')")
+        wait_caught_up(db.dsn, slot, daemon)
+    finally:
+        assert daemon.stop() == 0
+    assert f"topic {topic} is not compacted (cleanup.policy=delete), as allowed" in daemon.output()
+    rows = [v["after"] for _, v in topic_records(broker_servers, topic_prefix, "public", "t")]
+    assert rows == [{"id": 1, "v": "kept"}, {"id": 2, "v": "new"}]  # the refusal lost nothing
+
+
+# ------------------------------------------------------------------ 8. slot in use
+
+
+def test_slot_in_use_names_the_pid(db, config_for, topic_prefix):
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    slot, publication = slot_of(topic_prefix), "p_" + topic_prefix.lower()
+    db.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE public.t')
+    holder = ReplicationConnection(db.dsn)
+    try:
+        created = holder.create_slot(slot)
+        holder.start(slot, created.consistent_point, publication, 1, False)
+        pid = wait_for(lambda: slot_row(db, slot)[1], 10, "the test's walsender to hold the slot")
+        db.execute("INSERT INTO public.t VALUES (1)")
+        before = confirmed_lsn(db.dsn, slot)
+        started = time.monotonic()
+        message = refused(run(config_for(["public.t"], source={"slot_wait_s": 1})))
+        assert time.monotonic() - started < 20
+        assert message == (
+            f"slot {slot} is in use by PID {pid} (another cdc run?): stop that process, "
+            "or set [source] slot to another name"
+        )
+        assert confirmed_lsn(db.dsn, slot) == before
+        assert slot_row(db, slot)[1] == pid  # the other holder was left alone
+    finally:
+        holder.close()
+
+
+def test_second_daemon_on_the_same_slot(db, config_for, topic_prefix, tmp_path):
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    slot = slot_of(topic_prefix)
+    config = config_for(["public.t"], source={"slot_wait_s": 1})
+    first = DaemonProcess(config, tmp_path / "first.log").start()
+    try:
+        wait_for(lambda: not first.alive() or slot_active(db, slot), 60, "the first daemon to stream")
+        assert first.alive(), first.output()
+        pid = slot_row(db, slot)[1]
+        message = refused(run(config))
+        assert message.startswith(f"slot {slot} is in use by PID {pid} (another cdc run?)")
+        assert first.alive()
+        db.execute("INSERT INTO public.t VALUES (1)")
+        wait_caught_up(db.dsn, slot, first)  # the first one keeps working
+    finally:
+        assert first.stop() == 0
+
+
+# ------------------------------------------------------------------ 9. lost slot
+
+
+@pytest.fixture
+def small_wal_pg(tmp_path) -> Iterator[LocalPostgres]:
+    """A cluster that invalidates a slot as soon as it holds back more than 1 MB of WAL."""
+    cluster = LocalPostgres(tmp_path / "pg-small-wal", settings={"max_slot_wal_keep_size": "1MB"})
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_lost_slot_says_how_to_recover(small_wal_pg, tmp_path, broker_servers, topic_prefix):
+    small_wal_pg.create_database("app")
+    dsn = small_wal_pg.dsn("app")
+    slot = slot_of(topic_prefix)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.t (id serial PRIMARY KEY, v text)")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        before = confirmed_lsn(dsn, slot)
+
+        def lost() -> bool:  # a full segment past the slot, then a checkpoint removes it
+            conn.execute("INSERT INTO public.t (v) VALUES ('x')")
+            conn.execute("SELECT pg_switch_wal()")
+            conn.execute("CHECKPOINT")
+            row = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+            return row[0] == "lost"
+
+        wait_for(lost, 30, "PostgreSQL to mark the slot lost", poll=0)
+    config = write_config(tmp_path / "cdc.toml", dsn, broker_servers, topic_prefix, ["public.t"])
+    message = refused(run(config))
+    assert message == (
+        f"slot {slot} has lost WAL it needed (wal_status=lost), so changes are missing from it: drop it with "
+        f"SELECT pg_drop_replication_slot('{slot}') and start again with a fresh snapshot of the tables"
+    )
+    # the evidence stays: the slot is neither dropped nor replaced, and it did not move
+    assert confirmed_lsn(dsn, slot) == before
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchall() == [("lost",)]
+
+
+# ------------------------------------------------------------------ 10. odd identifiers
+
+
+ODD_SCHEMA, ODD_TABLE = 'Odd "S" . x', "tä ble"
+
+
+def test_odd_identifiers_are_captured(db, config_for, topic_prefix, broker_servers, tmp_path):
+    schema, table = sql.Identifier(ODD_SCHEMA), sql.Identifier(ODD_SCHEMA, ODD_TABLE)
+    db.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
+    db.execute(sql.SQL('CREATE TABLE {} (id int PRIMARY KEY, "wé ird" text)').format(table))
+    slot = slot_of(topic_prefix)
+    config = config_for(['"Odd ""S"" . x".*'], daemon={"log_level": "INFO"})
+    daemon = DaemonProcess(config, tmp_path / "daemon.log").start()
+    try:
+        wait_for(lambda: not daemon.alive() or slot_active(db, slot), 60, "the daemon to stream")
+        assert daemon.alive(), daemon.output()
+        db.execute(sql.SQL("INSERT INTO {} VALUES (1, 'ünï \"q\"')").format(table))
+        wait_caught_up(db.dsn, slot, daemon)
+    finally:
+        assert daemon.stop() == 0
+
+    topic = topic_name(topic_prefix, ODD_SCHEMA, ODD_TABLE)
+    assert topic == f"{topic_prefix}.Odd-20-22S-22-20-2e-20x.t-c3-a4-20ble"
+    records = topic_records(broker_servers, topic_prefix, ODD_SCHEMA, ODD_TABLE)
+    assert [(k, v["op"], v["after"]) for k, v in records] == [(b'{"id":1}', "c", {"id": 1, "wé ird": 'ünï "q"'})]
+    assert (records[0][1]["source"]["schema"], records[0][1]["source"]["table"]) == (ODD_SCHEMA, ODD_TABLE)
+
+    result = cdc("tail", '"Odd ""S"" . x"."tä ble"', "--raw", "--config", str(config), timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["key"], r["value"]["op"], r["value"]["after"]) for r in lines] == [
+        ('{"id":1}', "c", {"id": 1, "wé ird": 'ünï "q"'})
+    ]
+    pretty = cdc("tail", '"Odd ""S"" . x"."tä ble"', "--config", str(config), timeout=60)
+    assert pretty.returncode == 0, pretty.stderr
+    assert pretty.stdout.startswith(f"--- {topic} [")
+    assert '"wé ird": "ünï \\"q\\""' in pretty.stdout
+
+
+def test_tail_of_a_table_without_topic(config_for, topic_prefix):
+    config = config_for(["public.*"])
+    message = refused(cdc("tail", "public.nothing_here", "--config", str(config), timeout=60))
+    assert message.startswith(f"topic {topic_prefix}.public.nothing_here does not exist")
+
+
+def test_tail_needs_one_table(config_for):
+    config = config_for(["public.*"])
+    assert refused(cdc("tail", "public.*", "--config", str(config), timeout=30)) == "tail needs one table, not public.*"
+    assert refused(cdc("tail", "orders", "--config", str(config), timeout=30)) == (
+        "table pattern 'orders' has no schema: write it as schema.table, e.g. public.orders"
+    )
+
+
+# ------------------------------------------------------------------ 11. help
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ([], ["Change data capture", "run", "status", "tail", "config", "Stream changes from the replication slot"]),
+        (["run"], ["Stream changes from the replication slot into the topics", "--config", "CDC_<SECTION>_<KEY>"]),
+        (["status"], ["Slot state", "confirmed LSN", "--json", "--config"]),
+        (["tail"], ["Print the events of TABLE's topic", "--follow", "--raw", "--config"]),
+        (["config"], ["Print the effective configuration", "secrets masked"]),
+    ],
+    ids=["cdc", "run", "status", "tail", "config"],
+)
+def test_help(args, expected):
+    result = cdc(*args, "--help", timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    for text in expected:
+        assert text in result.stdout, result.stdout
+
+
+def test_unknown_verb_is_a_usage_error():
+    result = cdc("runn", timeout=30)
+    assert result.returncode == 2
+    assert "No such command 'runn'" in result.stderr
