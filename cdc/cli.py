@@ -27,7 +27,8 @@ def _fail(message: str) -> None:
 def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
     """Adds --config, loads it, and turns the project's one-line errors into exit 1."""
 
-    @click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False), default=None, help=CONFIG_HELP)
+    # A plain string: load() reports a missing or unreadable file in the project's one-line form.
+    @click.option("--config", "-c", "config_path", metavar="FILE", default=None, help=CONFIG_HELP)
     @wraps(func)
     def wrapper(config_path: str | None, **kwargs: Any) -> Any:
         from cdc.preflight import PreflightError

@@ -261,6 +261,7 @@ class Daemon:
         """A streamed transaction committed: produce it from its spill file, in order."""
         txn = Txn(commit.commit_lsn, commit.commit_ts_us, commit.xid)
         decoder = pgoutput.Decoder(in_stream=True)
+        n = -1
         for n, (change_lsn, payload) in enumerate(self.spill.replay(commit.xid)):
             msg = decoder.decode(payload)
             kind = type(msg)
@@ -272,6 +273,10 @@ class Daemon:
             if n % 5000 == 4999:
                 self._advance()
                 self._send_status()
+        log.info(
+            "streamed transaction %d committed at %s: produced from %d spilled messages",
+            commit.xid, format_lsn(commit.commit_lsn), n + 1,
+        )
         self._committed(commit.end_lsn, commit.commit_ts_us)
 
     def _committed(self, end_lsn: int, commit_ts_us: int) -> None:

@@ -83,15 +83,16 @@ class _Stoppable(Protocol):
     def stop(self) -> None: ...
 
 
-_LIVE: set[_Stoppable] = set()
+_LIVE: dict[_Stoppable, int] = {}  # running service -> pid of the process that started it
 
 
 @atexit.register
 def _stop_leftovers() -> None:
     """Never leave a server behind when a demo or a test run exits without stopping it."""
-    for service in list(_LIVE):
-        with contextlib.suppress(Exception):
-            service.stop()
+    for service, owner in list(_LIVE.items()):
+        if owner == os.getpid():  # a forked child must not stop its parent's servers
+            with contextlib.suppress(Exception):
+                service.stop()
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -375,7 +376,7 @@ class LocalPostgres:
                 )
             if result.returncode == 0 and self._wait_connectable(t0 + 30):
                 if self.stop_at_exit:
-                    _LIVE.add(self)
+                    _LIVE[self] = os.getpid()
                 return self
             tail = _log_tail(self.log_path, offset)
             if self._auto_port and attempt < 3 and "already in use" in tail:
@@ -399,7 +400,7 @@ class LocalPostgres:
 
     def stop(self, mode: str = "fast") -> None:
         """``pg_ctl stop -m mode`` (smart, fast or immediate); a no-op when not running."""
-        _LIVE.discard(self)
+        _LIVE.pop(self, None)
         if self._cluster_dir is None and not (self.base_dir / "data").exists():
             return
         if not (self.data_dir / "postmaster.pid").exists():
@@ -562,7 +563,7 @@ class LocalBroker:
             error = self._wait_ready(time.monotonic() + self.START_TIMEOUT_S)
             if error is None:
                 if self.stop_at_exit:
-                    _LIVE.add(self)
+                    _LIVE[self] = os.getpid()
                 return self
             self._kill_group(signal.SIGKILL)
             tail = _log_tail(self.log_path, offset)
@@ -646,7 +647,7 @@ class LocalBroker:
 
     def stop(self) -> None:
         """SIGTERM the process group (noida-db saves its data), SIGKILL after 20 s; idempotent."""
-        _LIVE.discard(self)
+        _LIVE.pop(self, None)
         proc = self._proc
         if proc is None:
             return

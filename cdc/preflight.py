@@ -85,6 +85,12 @@ def resolve_tables(catalog: Catalog, config: Config) -> list[CapturedTable]:
     return [_apply_toast_policy(catalog, config, t) for t in tables]
 
 
+_RELKINDS = {
+    "v": "view", "m": "materialized view", "f": "foreign table", "S": "sequence", "i": "index",
+    "I": "partitioned index", "c": "composite type", "t": "TOAST table",
+}
+
+
 def _not_found(catalog: Catalog, text: str) -> str:
     """Why a pattern matched nothing, with the spelling it probably meant (case is the usual slip)."""
     pattern = parse_table_pattern(text)
@@ -94,6 +100,23 @@ def _not_found(catalog: Catalog, text: str) -> str:
             f"no tables match {text} in database {database}: create them first or remove the pattern "
             "from [source] tables"
         )
+    row = catalog.conn.execute(
+        "SELECT c.relkind::text, rn.nspname, r.relname FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "LEFT JOIN pg_class r ON c.relispartition AND r.oid = pg_partition_root(c.oid) "
+        "LEFT JOIN pg_namespace rn ON rn.oid = r.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s",
+        (pattern.schema, pattern.table),
+    ).fetchone()
+    if row is not None and row[2] is not None:
+        parent = str(TablePattern(row[1], row[2]))
+        return (
+            f"table {text} is a partition of {parent}: partitions publish through their root table, "
+            f"so list {parent} in [source] tables instead"
+        )
+    if row is not None:
+        kind = _RELKINDS.get(row[0], f"relation of kind {row[0]!r}")
+        return f"{text} is a {kind}, not a table: logical decoding captures tables only; remove it from [source] tables"
     wanted = (pattern.schema.casefold(), pattern.table.casefold())
     similar = [str(TablePattern(s, t)) for _, s, t, _ in catalog.all_tables() if (s.casefold(), t.casefold()) == wanted]
     hint = f"; did you mean {similar[0]}?" if similar else ""
@@ -133,6 +156,15 @@ def ensure_publication(catalog: Catalog, config: Config, tables: list[CapturedTa
         "SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = %s", (pub,)
     ).fetchone()
     names = ", ".join(qualified(t.schema, t.table) for t in tables)
+    if row is None and slot_state(catalog, config.source.slot).exists:
+        # pgoutput looks the publication up in the catalog as of each decoded change: a slot
+        # older than its publication fails with "publication does not exist" at every start.
+        slot = config.source.slot
+        raise PreflightError(
+            f"publication {pub} does not exist but slot {slot} does, and a slot cannot decode through a "
+            "publication created after it: set [source] publication to the one the slot was streamed with, "
+            f"or drop the slot (SELECT pg_drop_replication_slot('{slot}')) and run again to start over"
+        )
     try:
         if row is None:
             catalog.conn.execute(f"CREATE PUBLICATION {quote_ident(pub)} FOR TABLE {names} WITH (publish_via_partition_root = true)")

@@ -1,0 +1,1094 @@
+"""Measure the capture pipeline against its physical limits, in one run on one machine.
+
+    python bench/capture.py [--rows 500000] [--clients kafka-python,confluent]
+                            [--skip-latency] [--profile DIR] [--keep]
+
+It starts its own throwaway PostgreSQL (fsync off, synchronous_commit off) and its own
+Kafka-protocol broker (noida-db), creates a publication and one logical slot per reader,
+and only then writes N row changes (60% INSERT / 40% UPDATE, transactions of 100-1000
+rows) into a 6-column table. Every reader below then decodes that SAME WAL:
+
+1. PostgreSQL's ceiling: pg_recvlogical (pgoutput, proto 1) to /dev/null up to --endpos.
+2. The client's ceiling: kafka-python, then confluent-kafka, producing N ready-made
+   records the size of cdc's events (sampled from cdc's own topic) to a fresh
+   3-partition compacted topic, configured like cdc/producer.py; timed until every
+   record is acknowledged. Each runs in a child process.
+3. cdc: `python -m cdc run` per client, from its own slot until the slot's
+   confirmed_flush_lsn reaches the end of the writes (every record acknowledged).
+4. Latency: with the daemon streaming, pgbench offers a paced 2,000 single-row
+   UPDATE transactions/s for 15 s; a confluent-kafka consumer computes
+   consume time - source.ts_us (the commit time) per event.
+
+Each throughput phase gets a fresh broker (noida-db re-serializes all its data to one
+JSON file periodically, so a broker that still holds an earlier phase's records would
+slow the next phase down). Every process started here runs in its own process group and
+is ended on exit, Ctrl-C and SIGTERM included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+
+from cdc.local_services import LocalBroker, LocalPostgres, find_pg_bin_dir
+from cdc.naming import topic_name
+
+TABLE = "bench"
+PUBLICATION = "bench_pub"
+CLIENTS = ("kafka-python", "confluent")
+SHORT = {"kafka-python": "kp", "confluent": "cf"}
+PARTITIONS = 3
+LINGER_MS = 5  # cdc's [topic] defaults, mirrored by the client-alone runs
+BATCH_SIZE = 1048576
+MAX_MESSAGE_BYTES = 1048588
+RECORD_OVERHEAD = 128
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SAMPLE_RECORDS = 5000  # cdc events kept as templates for the client-alone runs
+
+PG_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "shared_buffers": "512MB",
+    "wal_buffers": "64MB",
+    "max_wal_size": "20GB",
+    "min_wal_size": "1GB",
+    "checkpoint_timeout": "1d",  # no checkpoint in the middle of a measurement
+    "autovacuum": "off",  # no background work competing for the two cores
+    "max_connections": "100",
+}
+
+CREATE_TABLE = f"""
+CREATE TABLE {TABLE} (
+    id integer PRIMARY KEY,
+    i  integer NOT NULL,
+    b  bigint NOT NULL,
+    t  text NOT NULL,
+    ts timestamptz NOT NULL,
+    n  numeric(12, 2) NOT NULL
+)"""
+INSERT_ROWS = f"""
+INSERT INTO {TABLE} (id, i, b, t, ts, n)
+SELECT g, g %% 1000, g::bigint * 1000003, substr(md5(g::text) || md5(random()::text), 1, 40),
+       clock_timestamp(), round((random() * 100000)::numeric, 2)
+FROM generate_series(%s::int, %s::int) AS g"""
+UPDATE_ROWS = f"""
+UPDATE {TABLE} SET i = i + 1, b = b + 7, t = substr(md5(random()::text) || t, 1, 40),
+       ts = clock_timestamp(), n = n + 0.01
+WHERE id = ANY(%s)"""
+PGBENCH_SCRIPT = f"""\\set id random(1, :maxid)
+UPDATE {TABLE} SET i = i + 1, ts = clock_timestamp() WHERE id = :id;
+"""
+
+
+class BenchError(RuntimeError):
+    """A phase failed; the message says which and points at its log."""
+
+
+# --------------------------------------------------------------------------- /proc helpers
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """utime + stime of a process (all its threads), or None once it is gone."""
+    if pid is None:
+        return None
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread: the main thread (tid == pid) and the others summed by name."""
+    out: Counter[str] = Counter()
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+                comm = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            name = "main" if int(task) == pid else comm
+            out[name] += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return dict(out)
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM (peak resident set) of a live process, in MiB."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user
+    return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
+class CpuWindow:
+    """CPU used between `start` and `stop` by some processes and by the whole machine."""
+
+    def __init__(self, pids: dict[str, int | None]) -> None:
+        self.pids = pids
+        self.used: dict[str, float] = {}
+        self.machine_busy_cores = 0.0
+
+    def start(self) -> CpuWindow:
+        self._t0 = time.monotonic()
+        self._m0 = machine_cpu()
+        self._p0 = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        return self
+
+    def stop(self) -> CpuWindow:
+        elapsed = time.monotonic() - self._t0
+        m1 = machine_cpu()
+        self.machine_busy_cores = (m1[0] - self._m0[0]) / elapsed if elapsed > 0 else 0.0
+        for name, pid in self.pids.items():
+            now, before = cpu_seconds(pid), self._p0.get(name)
+            if now is not None and before is not None:
+                self.used[name] = now - before
+        return self
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Processes:
+    """Every child started here gets its own process group; `close` ends every group."""
+
+    def __init__(self) -> None:
+        self._groups: dict[int, str] = {}
+        self._children: list[multiprocessing.process.BaseProcess] = []
+
+    def start(self, name: str, argv: list[str], **kwargs: Any) -> subprocess.Popen:
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+        self._groups[proc.pid] = name
+        return proc
+
+    def stop(self, proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60) -> int | None:
+        """Signal the group, wait, SIGKILL what is left of it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # anything the leader left behind in its group
+        self._groups.pop(proc.pid, None)
+        return proc.returncode
+
+    def forget(self, proc: subprocess.Popen) -> None:
+        """The process exited by itself; still sweep its group."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        self._groups.pop(proc.pid, None)
+
+    def child(self, process: multiprocessing.process.BaseProcess) -> None:
+        self._children.append(process)
+
+    def close(self) -> None:
+        for child in self._children:
+            if child.is_alive():
+                child.terminate()
+        for pgid in list(self._groups):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for pgid in list(self._groups):
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(pgid, 0)
+                except (ProcessLookupError, PermissionError):
+                    break
+                time.sleep(0.05)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            self._groups.pop(pgid, None)
+        for child in self._children:
+            child.join(5)
+            if child.is_alive():
+                child.kill()
+                child.join(5)
+        self._children.clear()
+
+
+def _broker_pid(broker: LocalBroker) -> int | None:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return int(json.loads((broker.data_dir / "noida.control.json").read_text())["pid"])
+    return None
+
+
+def discard_broker(broker: LocalBroker) -> None:
+    """End a broker whose data nobody needs: SIGKILL (a graceful stop would first spend
+    seconds serializing every record to JSON), then delete its data directory."""
+    pid = _broker_pid(broker)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        broker.stop()
+    shutil.rmtree(broker.data_dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Throughput:
+    name: str
+    rows: int
+    seconds: float
+    process_cpu_s: float | None = None
+    peak_rss_mb: float | None = None
+    broker_cpu_s: float | None = None
+    walsender_cpu_s: float | None = None
+    machine_busy_cores: float | None = None
+    records: int | None = None  # records found in the topic afterwards (cdc) or acknowledged
+    threads: dict[str, float] = field(default_factory=dict)
+    startup_s: float | None = None
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Latency:
+    client: str
+    offered_tps: int
+    achieved_tps: float
+    transactions: int
+    events: int
+    consumed_ms: list[float]  # consume time - commit time
+    record_ts_ms: list[float]  # record timestamp - commit time
+    timestamp_type: str
+    daemon_cpu_cores: float | None = None
+
+
+@dataclass
+class Workload:
+    inserts: int = 0
+    updates: int = 0
+    transactions: int = 0
+    seconds: float = 0.0
+    start_lsn: int = 0
+    end_lsn: int = 0
+    end_lsn_text: str = ""
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.clients: list[str] = args.clients
+        self.procs = Processes()
+        self.workdir = Path(tempfile.mkdtemp(prefix="cdc-bench-"))
+        os.chmod(self.workdir, 0o755)  # the postgres OS user must reach the cluster below it
+        self.pg: LocalPostgres | None = None
+        self.brokers: list[LocalBroker] = []
+        self.results: dict[str, Throughput] = {}
+        self.latencies: dict[str, Latency] = {}
+        self.profiles: dict[str, tuple[Throughput, Path]] = {}
+        self.samples: list[bytes] = []
+        self.workload = Workload()
+        self.commands: dict[str, str] = {}
+        self.failed = False
+
+    # -- plumbing ---------------------------------------------------------------------------
+    @property
+    def dsn(self) -> str:
+        assert self.pg is not None
+        return self.pg.dsn()
+
+    def log(self, message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    def sql(self, query: str, params: tuple | None = None) -> list[tuple]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+    def new_broker(self, name: str) -> LocalBroker:
+        broker = LocalBroker(self.workdir / f"broker-{name}").start()
+        self.brokers.append(broker)
+        return broker
+
+    def drop_broker(self, broker: LocalBroker) -> None:
+        discard_broker(broker)
+        with contextlib.suppress(ValueError):
+            self.brokers.remove(broker)
+
+    def close(self) -> None:
+        """End everything this run started, whatever state it is in."""
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
+        self.procs.close()
+        for broker in list(self.brokers):
+            with contextlib.suppress(Exception):
+                discard_broker(broker)
+        self.brokers.clear()
+        if self.pg is not None:
+            with contextlib.suppress(Exception):
+                self.pg.stop(mode="immediate")
+            with contextlib.suppress(Exception):
+                self.pg.close()
+        if self.args.keep or self.failed:
+            print(f"logs kept in {self.workdir}", file=sys.stderr)
+            shutil.rmtree(self.workdir / "pg", ignore_errors=True)
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- setup ------------------------------------------------------------------------------
+    def setup(self) -> None:
+        self.log(f"work dir {self.workdir}")
+        self.pg = LocalPostgres(self.workdir / "pg", settings=PG_SETTINGS).start()
+        self.log(f"PostgreSQL on port {self.pg.port}")
+        self.sql(CREATE_TABLE)
+        self.sql(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE} WITH (publish_via_partition_root = true)")
+        slots = ["bench_recv"] + [f"bench_{SHORT[c]}" for c in self.clients]
+        if self.args.profile:
+            slots += [f"bench_prof_{SHORT[c]}" for c in self.clients]
+        for slot in slots:  # all before the writes: every reader decodes the same WAL
+            self.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+    def generate(self) -> None:
+        """N row changes, 60% inserts / 40% updates, in transactions of 100-1000 rows."""
+        rows = self.args.rows
+        rng = random.Random(self.args.seed)
+        w = self.workload
+        self.log(f"writing {rows:,} row changes")
+        with psycopg.connect(self.dsn) as conn:
+            w.start_lsn = int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'").fetchone()[0])
+            conn.commit()
+            t0 = time.monotonic()
+            done = 0
+            while done < rows:
+                size = min(rng.randint(100, 1000), rows - done)
+                n_upd = min(round(size * 0.4), w.inserts)
+                n_ins = size - n_upd
+                if n_ins:
+                    conn.execute(INSERT_ROWS, (w.inserts + 1, w.inserts + n_ins))
+                if n_upd:
+                    conn.execute(UPDATE_ROWS, (rng.sample(range(1, w.inserts + 1), n_upd),))
+                done += size
+                if done >= rows:
+                    conn.execute("SET LOCAL synchronous_commit = on")  # the WAL is flushed to here
+                conn.commit()
+                w.inserts += n_ins
+                w.updates += n_upd
+                w.transactions += 1
+            w.seconds = time.monotonic() - t0
+            row = conn.execute(
+                "SELECT pg_current_wal_insert_lsn() - '0/0', pg_current_wal_insert_lsn()::text"
+            ).fetchone()
+            w.end_lsn, w.end_lsn_text = int(row[0]), row[1]
+            conn.commit()
+            # WAL past the end, flushed: readers see the server move beyond end_lsn even when
+            # the last commit ended on a page boundary (pgoutput drops this empty transaction).
+            conn.execute("SET synchronous_commit = on")
+            conn.execute("SELECT pg_logical_emit_message(true, 'bench', 'end')")
+            conn.commit()
+        self.sql("CHECKPOINT")
+        self.log(
+            f"wrote {w.inserts:,} inserts + {w.updates:,} updates in {w.transactions:,} transactions "
+            f"in {w.seconds:.1f} s ({rows / w.seconds:,.0f} changes/s); "
+            f"{(w.end_lsn - w.start_lsn) / 2**20:,.0f} MiB of WAL"
+        )
+
+    def mark_end(self) -> int:
+        """The current end of WAL, then a flushed empty transaction past it (see `generate`)."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            end = int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'").fetchone()[0])
+            conn.execute("SET synchronous_commit = on")
+            conn.execute("SELECT pg_logical_emit_message(true, 'bench', 'end')")
+        return end
+
+    def confirmed_lsn(self, conn: psycopg.Connection, slot: str) -> tuple[int | None, int | None]:
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn - '0/0', active_pid FROM pg_replication_slots WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
+        if row is None or row[0] is None:
+            return None, None
+        return int(row[0]), row[1]
+
+    # -- 1. pg_recvlogical ------------------------------------------------------------------
+    def run_recvlogical(self) -> None:
+        assert self.pg is not None
+        argv = [
+            str(find_pg_bin_dir() / "pg_recvlogical"), "-d", self.dsn, "--slot", "bench_recv", "--start",
+            "-o", "proto_version=1", "-o", f"publication_names={PUBLICATION}", "-f", "/dev/null",
+            "--endpos", self.workload.end_lsn_text, "--no-loop",
+        ]
+        self.commands["pg_recvlogical"] = shlex.join(argv)
+        self.log("pg_recvlogical")
+        log_path = self.workdir / "pg_recvlogical.log"
+        window = CpuWindow({}).start()
+        walsender_cpu = None
+        with log_path.open("wb") as log, psycopg.connect(self.dsn, autocommit=True) as conn:
+            t0 = time.monotonic()
+            proc = self.procs.start("pg_recvlogical", argv, stdout=log, stderr=subprocess.STDOUT)
+            walsender = None
+            while proc.poll() is None:
+                if walsender is None:
+                    _, walsender = self.confirmed_lsn(conn, "bench_recv")
+                else:
+                    walsender_cpu = cpu_seconds(walsender) or walsender_cpu
+                time.sleep(0.02)
+            elapsed = time.monotonic() - t0
+        window.stop()
+        self.procs.forget(proc)
+        if proc.returncode != 0:
+            raise BenchError(f"pg_recvlogical exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+        self.results["pg_recvlogical"] = Throughput(
+            "pg_recvlogical", self.args.rows, elapsed, walsender_cpu_s=walsender_cpu,
+            machine_busy_cores=window.machine_busy_cores,
+        )
+        self.log(f"pg_recvlogical: {self.args.rows / elapsed:,.0f} changes/s")
+
+    # -- 3. cdc -------------------------------------------------------------------------------
+    def write_config(self, path: Path, client: str, slot: str, prefix: str, broker: LocalBroker) -> Path:
+        sections: dict[str, dict[str, Any]] = {
+            "source": {"dsn": self.dsn, "slot": slot, "publication": PUBLICATION, "tables": [f"public.{TABLE}"]},
+            "topic": {"bootstrap_servers": broker.bootstrap_servers, "prefix": prefix,
+                      "partitions": PARTITIONS, "client": client},
+            "daemon": {"spill_dir": str(self.workdir / f"spill-{prefix}"), "log_level": "INFO"},
+        }
+        lines = []
+        for name, values in sections.items():
+            lines.append(f"[{name}]")
+            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]  # JSON scalars/lists are TOML
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return path
+
+    def start_daemon(self, client: str, slot: str, prefix: str, broker: LocalBroker) -> tuple[subprocess.Popen, Path, float]:
+        config = self.write_config(self.workdir / f"{prefix}.toml", client, slot, prefix, broker)
+        argv = [sys.executable, "-m", "cdc", "run", "--config", str(config)]
+        self.commands.setdefault(f"cdc ({client})", shlex.join(argv))
+        log_path = self.workdir / f"{prefix}.log"
+        with log_path.open("wb") as log:
+            t0 = time.monotonic()
+            proc = self.procs.start(f"cdc {prefix}", argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        deadline = time.monotonic() + 120
+        while True:  # streaming starts after imports, preflight, topic creation
+            text = log_path.read_text(errors="replace")
+            if "streaming from" in text:
+                return proc, log_path, time.monotonic() - t0
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self.procs.stop(proc)
+                raise BenchError(f"cdc ({client}) did not start streaming; its log {log_path}:\n{text[-3000:]}")
+            time.sleep(0.01)
+
+    def stop_daemon(self, proc: subprocess.Popen, log_path: Path) -> None:
+        code = self.procs.stop(proc, signal.SIGTERM, timeout=60)
+        if code not in (0, -signal.SIGTERM):
+            self.log(f"warning: daemon exited with {code}; see {log_path}")
+
+    def wait_confirmed(self, slot: str, lsn: int, proc: subprocess.Popen, log_path: Path, timeout: float) -> int | None:
+        """Until the slot's confirmed_flush_lsn reaches `lsn`; returns the walsender's pid."""
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while True:
+                confirmed, walsender = self.confirmed_lsn(conn, slot)
+                if confirmed is not None and confirmed >= lsn:
+                    return walsender
+                if proc.poll() is not None:
+                    raise BenchError(f"daemon exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise BenchError(f"slot {slot} did not reach the end of the writes in {timeout:.0f} s; see {log_path}")
+                time.sleep(0.02)
+
+    def run_cdc(self, client: str, *, profile_dir: Path | None = None) -> None:
+        short = SHORT[client]
+        name = f"cdc+{client}"
+        slot, prefix = (f"bench_prof_{short}", f"prof_{short}") if profile_dir else (f"bench_{short}", f"bench_{short}")
+        broker = self.new_broker(prefix)
+        self.log(f"{name}{' under py-spy' if profile_dir else ''}: streaming {self.args.rows:,} changes")
+        proc, log_path, startup = self.start_daemon(client, slot, prefix, broker)
+        spy = None
+        profile_path = None
+        if profile_dir:
+            profile_path = profile_dir / f"cdc-{client}.txt"
+            spy = self.procs.start(
+                "py-spy",
+                ["py-spy", "record", "--gil", "--threads", "--nolineno", "--format", "raw", "--rate", "100",
+                 "-o", str(profile_path), "-p", str(proc.pid)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        window = CpuWindow({"daemon": proc.pid, "broker": _broker_pid(broker)}).start()
+        threads0 = thread_cpu(proc.pid)
+        t0 = time.monotonic()
+        try:
+            walsender = self.wait_confirmed(slot, self.workload.end_lsn, proc, log_path, timeout=max(600, self.args.rows / 500))
+            elapsed = time.monotonic() - t0
+            window.stop()
+            threads1 = thread_cpu(proc.pid)
+            result = Throughput(
+                name, self.args.rows, elapsed,
+                process_cpu_s=window.used.get("daemon"), peak_rss_mb=peak_rss_mb(proc.pid),
+                broker_cpu_s=window.used.get("broker"), walsender_cpu_s=cpu_seconds(walsender),
+                machine_busy_cores=window.machine_busy_cores, startup_s=startup,
+                threads={k: v - threads0.get(k, 0.0) for k, v in threads1.items()},
+            )
+        finally:
+            if spy is not None:
+                self.procs.stop(spy, signal.SIGINT, timeout=30)  # py-spy writes its file on SIGINT
+            self.stop_daemon(proc, log_path)
+        topic = topic_name(prefix, "public", TABLE)
+        result.records, samples = read_topic_summary(broker.bootstrap_servers, topic, 0 if self.samples else SAMPLE_RECORDS)
+        if samples:
+            self.samples = samples
+        self.drop_broker(broker)
+        if profile_dir:
+            assert profile_path is not None
+            self.profiles[client] = (result, profile_path)
+        else:
+            self.results[name] = result
+        check = "" if result.records == self.args.rows else f" (topic holds {result.records:,} records, expected {self.args.rows:,})"
+        self.log(f"{name}: {result.rate:,.0f} changes/s, peak RSS {result.peak_rss_mb or 0:.0f} MiB{check}")
+
+    # -- 2. the clients alone --------------------------------------------------------------
+    def run_client_alone(self, client: str) -> None:
+        if not self.samples:
+            raise BenchError("no cdc events were sampled to size the client-alone records")
+        broker = self.new_broker(f"alone-{SHORT[client]}")
+        topic = f"alone_{SHORT[client]}"
+        create_topic(broker.bootstrap_servers, topic)
+        name = f"{client} alone"
+        self.log(f"{name}: producing {self.args.rows:,} records")
+        ctx = multiprocessing.get_context("spawn")
+        parent, child_end = ctx.Pipe()
+        child = ctx.Process(
+            target=produce_child, args=(child_end, client, broker.bootstrap_servers, topic, self.samples, self.args.rows),
+            name=f"bench-{client}-alone",
+        )
+        self.procs.child(child)
+        child.start()
+        child_end.close()
+        try:
+            ready = recv(parent, child, 120)
+            window = CpuWindow({"broker": _broker_pid(broker)}).start()
+            if ready.get("error"):
+                raise BenchError(f"{name}: {ready['error']}")
+            done = recv(parent, child, max(600, self.args.rows / 500))
+            window.stop()
+            if done.get("error"):
+                raise BenchError(f"{name}: {done['error']}")
+        finally:
+            child.join(30)
+            if child.is_alive():
+                child.kill()
+        self.drop_broker(broker)
+        result = Throughput(
+            name, self.args.rows, done["seconds"], process_cpu_s=done["cpu_s"], peak_rss_mb=done["maxrss_mb"],
+            broker_cpu_s=window.used.get("broker"), machine_busy_cores=window.machine_busy_cores,
+            records=done["acked"],
+        )
+        if done["failed"]:
+            result.note = f"{done['failed']:,} records failed"
+        self.results[name] = result
+        self.log(f"{name}: {result.rate:,.0f} records/s")
+
+    # -- 5. latency -------------------------------------------------------------------------
+    def run_latency(self, client: str) -> None:
+        short = SHORT[client]
+        slot, prefix = f"bench_lat_{short}", f"lat_{short}"
+        broker = self.new_broker(prefix)
+        rate, seconds = self.args.latency_rate, self.args.latency_seconds
+        self.log(f"latency with cdc+{client}: {rate:,} single-row UPDATE transactions/s for {seconds} s")
+        proc, log_path, _ = self.start_daemon(client, slot, prefix, broker)
+        consumer = LatencyConsumer(broker.bootstrap_servers, topic_name(prefix, "public", TABLE))
+        consumer.start()
+        try:
+            consumer.ready.wait(30)
+            if consumer.error is not None:
+                raise BenchError(f"latency consumer failed: {consumer.error!r}")
+            time.sleep(1.0)  # the consumer's first fetch is in flight
+            script = self.workdir / "pgbench-update.sql"
+            script.write_text(PGBENCH_SCRIPT)
+            assert self.pg is not None
+            argv = [
+                str(find_pg_bin_dir() / "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(self.pg.port), "-U", "postgres",
+                "-c", "4", "-j", "2", "-R", str(rate), "-T", str(seconds), "--protocol=prepared",
+                "-D", f"maxid={self.workload.inserts}", "-f", str(script), "postgres",
+            ]
+            self.commands.setdefault("pgbench (latency load)", "PGOPTIONS='-c synchronous_commit=on' " + shlex.join(argv))
+            pg_log = self.workdir / f"pgbench-{short}.log"
+            window = CpuWindow({"daemon": proc.pid}).start()
+            with pg_log.open("wb") as out:
+                # Commits wait for their WAL flush (free with fsync off) so a commit's WAL is
+                # visible to the walsender at once and latency measures the pipeline, not
+                # walwriter's schedule under synchronous_commit=off.
+                env = {**os.environ, "PGOPTIONS": "-c synchronous_commit=on"}
+                bench = self.procs.start("pgbench", argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+                try:
+                    bench.wait(seconds + 120)
+                except subprocess.TimeoutExpired:
+                    self.procs.stop(bench)
+                    raise BenchError(f"pgbench did not finish; see {pg_log}") from None
+                self.procs.forget(bench)
+            window.stop()
+            text = pg_log.read_text(errors="replace")
+            if bench.returncode != 0:
+                raise BenchError(f"pgbench exited with {bench.returncode}: {text[-2000:]}")
+            processed = int(re.search(r"number of transactions actually processed: (\d+)", text).group(1))
+            tps_match = re.search(r"tps = ([\d.]+)", text)
+            end = self.mark_end()
+            self.wait_confirmed(slot, end, proc, log_path, timeout=120)
+            deadline = time.monotonic() + 30
+            while consumer.count < processed and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            consumer.stopping.set()
+            consumer.join(15)
+            self.stop_daemon(proc, log_path)
+            self.drop_broker(broker)
+            with contextlib.suppress(Exception):
+                self.sql("SELECT pg_drop_replication_slot(%s)", (slot,))
+        lat = Latency(
+            client, rate, float(tps_match.group(1)) if tps_match else processed / seconds, processed, consumer.count,
+            [(c - s) / 1000 for c, _, s in consumer.samples],
+            [r - s / 1000 for _, r, s in consumer.samples if r is not None],
+            consumer.timestamp_type,
+            daemon_cpu_cores=(window.used.get("daemon") or 0) / seconds,
+        )
+        self.latencies[client] = lat
+        self.log(
+            f"latency cdc+{client}: p50 {pct(lat.consumed_ms, 50):.1f} ms, p99 {pct(lat.consumed_ms, 99):.1f} ms "
+            f"over {lat.events:,} events ({processed:,} transactions)"
+        )
+
+    # -- the whole run -----------------------------------------------------------------------
+    def run(self) -> None:
+        self.load_before = os.getloadavg()
+        self.setup()
+        self.generate()
+        self.run_recvlogical()
+        for client in self.clients:
+            self.run_cdc(client)
+        for client in self.clients:
+            self.run_client_alone(client)
+        if self.args.profile:
+            self.args.profile.mkdir(parents=True, exist_ok=True)
+            for client in self.clients:
+                self.run_cdc(client, profile_dir=self.args.profile)
+        for slot in ["bench_recv"] + [f"bench_{SHORT[c]}" for c in self.clients]:
+            with contextlib.suppress(Exception):
+                self.sql("SELECT pg_drop_replication_slot(%s)", (slot,))
+        if not self.args.skip_latency:
+            for client in self.clients:
+                self.run_latency(client)
+        self.load_after = os.getloadavg()
+
+    # -- the report ---------------------------------------------------------------------------
+    def report(self) -> str:
+        a, w = self.args, self.workload
+        out = ["", "## Capture pipeline vs. its physical limits", ""]
+        out.append(f"Command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`")
+        out.append("")
+        sizes = [len(s) for s in self.samples]
+        out.append(
+            f"Workload: {a.rows:,} row changes ({w.inserts:,} INSERT, {w.updates:,} UPDATE) in {w.transactions:,} "
+            f"transactions of 100-1000 rows on a 6-column table; {(w.end_lsn - w.start_lsn) / 2**20:,.0f} MiB of WAL; "
+            f"event value {sum(sizes) / max(1, len(sizes)):,.0f} B on average (key ~10 B). "
+            f"Machine: {os.cpu_count()} CPUs, load average {self.load_before[0]:.2f} before, "
+            f"{getattr(self, 'load_after', (float('nan'),))[0]:.2f} after; {versions()}."
+        )
+        out.append("")
+        out.append("| pipeline | rows/s | wall s | process CPU s | µs CPU/row | broker CPU s | walsender CPU s | machine busy (cores) | peak RSS MiB |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        order = ["pg_recvlogical", "kafka-python alone", "confluent alone", "cdc+kafka-python", "cdc+confluent"]
+        for key in order:
+            r = self.results.get(key)
+            if r is None:
+                continue
+            cpu_row = f"{r.process_cpu_s * 1e6 / r.rows:,.1f}" if r.process_cpu_s else "-"
+            label = {"pg_recvlogical": "pg_recvlogical (PostgreSQL ceiling)"}.get(key, key)
+            if r.note:
+                label += f" ({r.note})"
+            out.append(
+                f"| {label} | {r.rate:,.0f} | {r.seconds:,.2f} | {_f(r.process_cpu_s)} | {cpu_row} | {_f(r.broker_cpu_s)} | "
+                f"{_f(r.walsender_cpu_s)} | {_f(r.machine_busy_cores)} | {_f(r.peak_rss_mb, 0)} |"
+            )
+        out.append("")
+        out.append("| target | measured | goal | verdict |")
+        out.append("|---|---:|---:|---|")
+        ratio_rows = [
+            ("cdc(kafka-python) / kafka-python alone", "cdc+kafka-python", "kafka-python alone", 0.8),
+            ("cdc(confluent) / pg_recvlogical", "cdc+confluent", "pg_recvlogical", 0.5),
+            ("cdc(confluent) / confluent alone", "cdc+confluent", "confluent alone", None),
+            ("cdc(kafka-python) / pg_recvlogical", "cdc+kafka-python", "pg_recvlogical", None),
+        ]
+        for label, num, den, goal in ratio_rows:
+            if num in self.results and den in self.results:
+                ratio = self.results[num].rate / self.results[den].rate
+                verdict = "-" if goal is None else ("met" if ratio >= goal else "MISSED")
+                out.append(f"| {label} | {ratio:.2f} | {'>= ' + str(goal) if goal else 'info'} | {verdict} |")
+        for client, lat in self.latencies.items():
+            p99 = pct(lat.consumed_ms, 99)
+            out.append(f"| latency p99 cdc+{client} (commit -> consumed) | {p99:.1f} ms | < 100 ms | {'met' if p99 < 100 else 'MISSED'} |")
+        for client in self.clients:
+            r = self.results.get(f"cdc+{client}")
+            if r and r.peak_rss_mb:
+                out.append(f"| peak RSS cdc+{client} | {r.peak_rss_mb:.0f} MiB | info | - |")
+        if self.latencies:
+            out.append("")
+            out.append(
+                f"Latency: pgbench offers {a.latency_rate:,} single-row UPDATE transactions/s (Poisson-paced, "
+                f"{a.latency_seconds} s, synchronous_commit=on for these sessions so a commit's WAL is flushed at once); "
+                "a confluent-kafka consumer reads the topic; commit time = `source.ts_us`."
+            )
+            out.append("")
+            out.append("| client | tx/s achieved | events / tx | commit -> consumed p50 | p99 | max | commit -> record timestamp p50 | p99 | daemon CPU (cores) |")
+            out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for client, lat in self.latencies.items():
+                out.append(
+                    f"| cdc+{client} | {lat.achieved_tps:,.0f} | {lat.events:,} / {lat.transactions:,} | "
+                    f"{pct(lat.consumed_ms, 50):.1f} ms | {pct(lat.consumed_ms, 99):.1f} ms | {max(lat.consumed_ms, default=float('nan')):.1f} ms | "
+                    f"{pct(lat.record_ts_ms, 50):.1f} ms | {pct(lat.record_ts_ms, 99):.1f} ms | {_f(lat.daemon_cpu_cores)} |"
+                )
+            out.append("")
+            kinds = {lat.timestamp_type for lat in self.latencies.values()}
+            out.append(f"(record timestamp type: {', '.join(sorted(kinds))}; CreateTime is the producer's send time)")
+        for key in ("cdc+kafka-python", "cdc+confluent"):
+            r = self.results.get(key)
+            if r and r.threads:
+                busy = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(r.threads.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+                out.append(f"\n{key}: CPU by thread: {busy}; start-up before streaming {r.startup_s:.1f} s (not timed)")
+        if self.profiles:
+            for client, (result, path) in self.profiles.items():
+                out.append("")
+                out.append(f"### py-spy profile of cdc+{client} (GIL holder only, {result.rate:,.0f} changes/s under the profiler; raw: {path})")
+                out.extend(summarize_profile(path, top=self.args.profile_top))
+        out.append("")
+        out.append("Commands:")
+        for name, command in self.commands.items():
+            out.append(f"- {name}: `{command}`")
+        return "\n".join(out)
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def versions() -> str:
+    parts = [f"Python {sys.version.split()[0]}"]
+    with contextlib.suppress(Exception):
+        import kafka
+
+        parts.append(f"kafka-python {kafka.__version__}")
+    with contextlib.suppress(Exception):
+        import confluent_kafka
+
+        parts.append(f"confluent-kafka {confluent_kafka.version()[0]} / librdkafka {confluent_kafka.libversion()[0]}")
+    with contextlib.suppress(Exception):
+        out = subprocess.run([str(find_pg_bin_dir() / "postgres"), "--version"], capture_output=True, text=True, timeout=10)
+        parts.append(out.stdout.strip().replace("postgres (PostgreSQL) ", "PostgreSQL "))
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- Kafka helpers
+
+
+def create_topic(servers: str, topic: str) -> None:
+    """A topic configured like the ones cdc creates (compacted, 3 partitions)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": servers})
+    config = {"cleanup.policy": "compact", "min.insync.replicas": "1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}
+    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)]).values():
+        future.result(30)
+
+
+def read_topic_summary(servers: str, topic: str, sample: int) -> tuple[int, list[bytes]]:
+    """(records in the topic, the first `sample` non-tombstone values)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({
+        "bootstrap.servers": servers, "group.id": f"bench-sample-{os.getpid()}", "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    })
+    try:
+        total = 0
+        for p in range(PARTITIONS):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            total += high - low
+        values: list[bytes] = []
+        if sample:
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+            deadline = time.monotonic() + 60
+            while len(values) < min(sample, total) and time.monotonic() < deadline:
+                for msg in consumer.consume(1000, 1.0):
+                    if msg.error() is None and msg.value() is not None:
+                        values.append(msg.value())
+        return total, values[:sample]
+    finally:
+        consumer.close()
+
+
+class LatencyConsumer(threading.Thread):
+    """Reads a topic from the start; per event (consume time µs, record timestamp ms, commit µs)."""
+
+    def __init__(self, servers: str, topic: str) -> None:
+        super().__init__(name="latency-consumer", daemon=True)
+        self.servers, self.topic = servers, topic
+        self.samples: list[tuple[int, float | None, int]] = []
+        self.count = 0
+        self.timestamp_type = "?"
+        self.ready = threading.Event()
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from confluent_kafka import (
+            OFFSET_BEGINNING,
+            TIMESTAMP_CREATE_TIME,
+            TIMESTAMP_LOG_APPEND_TIME,
+            Consumer,
+            TopicPartition,
+        )
+
+        kinds = {TIMESTAMP_CREATE_TIME: "CreateTime", TIMESTAMP_LOG_APPEND_TIME: "LogAppendTime"}
+        consumer = Consumer({
+            "bootstrap.servers": self.servers, "group.id": f"bench-latency-{os.getpid()}-{self.topic}",
+            "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 5, "fetch.min.bytes": 1, "fetch.error.backoff.ms": 5,
+        })
+        try:
+            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+            self.ready.set()
+            while not self.stopping.is_set():
+                batch = consumer.consume(10000, 0.05)
+                now_us = time.time_ns() // 1000
+                for msg in batch:
+                    if msg.error() is not None or msg.value() is None:
+                        continue
+                    event = orjson.loads(msg.value())
+                    payload = event.get("payload", event) if "schema" in event else event
+                    kind, ts = msg.timestamp()
+                    self.timestamp_type = kinds.get(kind, "none")
+                    self.samples.append((now_us, float(ts) if kind in kinds else None, int(payload["source"]["ts_us"])))
+                    self.count += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            self.error = exc
+            self.ready.set()
+        finally:
+            consumer.close()
+
+
+def recv(conn: Any, child: multiprocessing.process.BaseProcess, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while not conn.poll(0.2):
+        if not child.is_alive():
+            raise BenchError(f"{child.name} exited with {child.exitcode} before reporting")
+        if time.monotonic() > deadline:
+            raise BenchError(f"{child.name} did not report in {timeout:.0f} s")
+    return conn.recv()
+
+
+def produce_child(conn: Any, client: str, servers: str, topic: str, values: list[bytes], rows: int) -> None:
+    """Child process: produce `rows` records (values cycled from cdc's events, keys like cdc's)
+    with the library alone, configured like cdc/producer.py; time until all are acknowledged."""
+    import resource
+
+    try:
+        keys = [b'{"id":%d}' % (i + 1) for i in range(rows)]
+        nvalues = len(values)
+        records = [(keys[i], values[i % nvalues]) for i in range(rows)]
+        del keys
+        if client == "kafka-python":
+            from kafka import KafkaProducer
+
+            producer = KafkaProducer(
+                bootstrap_servers=servers.split(","), client_id="bench", acks="all", enable_idempotence=True,
+                max_in_flight_requests_per_connection=5, linger_ms=LINGER_MS, batch_size=BATCH_SIZE,
+                max_request_size=max(MAX_MESSAGE_BYTES + RECORD_OVERHEAD, BATCH_SIZE),
+                max_block_ms=10000, allow_auto_create_topics=False,
+            )
+            producer.partitions_for(topic)  # metadata before the clock starts
+            send = producer.send
+            conn.send({"ready": True})
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            futures = [send(topic, value=value, key=key) for key, value in records]
+            producer.flush(timeout=600)
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            failed = sum(1 for f in futures if not f.is_done or f.exception is not None)
+            producer.close(timeout=5)
+        else:
+            from confluent_kafka import Producer
+
+            producer = Producer({
+                "bootstrap.servers": servers, "client.id": "bench", "acks": "all", "enable.idempotence": True,
+                "partitioner": "murmur2_random", "linger.ms": LINGER_MS, "batch.size": BATCH_SIZE,
+                "message.max.bytes": max(MAX_MESSAGE_BYTES + RECORD_OVERHEAD, BATCH_SIZE),
+                "queue.buffering.max.messages": 1000000,
+            })
+            producer.list_topics(topic, timeout=10)
+            outcome = [0, 0]
+
+            def delivered(err: Any, _msg: Any) -> None:
+                outcome[err is not None] += 1
+
+            produce, poll = producer.produce, producer.poll
+            conn.send({"ready": True})
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            for n, (key, value) in enumerate(records):
+                while True:
+                    try:
+                        produce(topic, value, key, on_delivery=delivered)
+                        break
+                    except BufferError:
+                        poll(0.05)
+                if n & 1023 == 0:
+                    poll(0)
+            producer.flush(600)
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            failed = rows - outcome[0]
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        conn.send({"seconds": seconds, "cpu_s": cpu, "maxrss_mb": maxrss, "failed": failed, "acked": rows - failed})
+    except Exception as exc:  # noqa: BLE001 - sent to the parent, which fails the phase
+        conn.send({"error": f"{type(exc).__name__}: {exc}"})
+
+
+# --------------------------------------------------------------------------- profile summary
+
+
+_ROOT_FRAMES = re.compile(r"^(<module>|_run_module_as_main|_run_code|main|run|invoke|wrapper|Thread\._bootstrap\w*|Thread\.run)\b")
+
+
+def summarize_profile(path: Path, top: int = 20) -> list[str]:
+    """Self and inclusive shares of a py-spy raw file (`--threads --nolineno`)."""
+    if not path.exists():
+        return [f"(no profile at {path}: did py-spy fail to attach?)"]
+    self_samples: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        thread = "?"
+        if frames and frames[0].startswith("thread ("):
+            thread = frames.pop(0).split(": ", 1)[-1]
+        threads[thread] += n
+        total += n
+        if frames:
+            self_samples[frames[-1]] += n
+            for frame in set(frames):
+                inclusive[frame] += n
+    if not total:
+        return ["(empty profile)"]
+    out = [f"{total:,} samples holding the GIL; by thread: " + ", ".join(f"{t} {c / total:.0%}" for t, c in threads.most_common())]
+    out += ["", "| self % | function (file) |", "|---:|---|"]
+    out += [f"| {c / total:.1%} | `{frame}` |" for frame, c in self_samples.most_common(top)]
+    interesting = [
+        (frame, c) for frame, c in inclusive.most_common()
+        if not _ROOT_FRAMES.match(frame) and c / total < 0.995 and ("cdc/" in frame or "kafka/" in frame or "confluent" in frame)
+    ]
+    out += ["", "| inclusive % | function (file) |", "|---:|---|"]
+    out += [f"| {c / total:.1%} | `{frame}` |" for frame, c in interesting[:top]]
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=500_000, help="row changes to write and capture (default 500000)")
+    parser.add_argument("--clients", default="kafka-python,confluent", help="comma-separated: kafka-python,confluent")
+    parser.add_argument("--skip-latency", action="store_true", help="skip the latency phase")
+    parser.add_argument("--latency-rate", type=int, default=2000, help="offered transactions/s in the latency phase")
+    parser.add_argument("--latency-seconds", type=int, default=15, help="length of the latency load")
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="also stream the WAL once more per client under py-spy; raw profiles go to DIR")
+    parser.add_argument("--profile-top", type=int, default=20, help="functions listed per profile table")
+    parser.add_argument("--seed", type=int, default=42, help="seed of the workload generator")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs)")
+    args = parser.parse_args(argv)
+    args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    for client in args.clients:
+        if client not in CLIENTS:
+            parser.error(f"--clients: unknown client {client!r}; choose from {', '.join(CLIENTS)}")
+    if not args.clients:
+        parser.error("--clients is empty")
+    if args.rows < 1:
+        parser.error("--rows must be positive")
+    if args.profile and not shutil.which("py-spy"):
+        parser.error("--profile needs py-spy: pip install py-spy")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGHUP, interrupted)
+    bench = Bench(args)
+    try:
+        bench.run()
+    except KeyboardInterrupt:
+        bench.failed = True
+        print("\ninterrupted: stopping everything this run started", file=sys.stderr)
+        return 130
+    except BaseException:
+        bench.failed = True
+        raise
+    finally:
+        bench.close()
+        if bench.results:
+            print(bench.report())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
