@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any
 
 import click
@@ -124,6 +125,21 @@ def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) ->
 def show_config(config: Config) -> None:
     """Print the effective configuration (file + environment), secrets masked."""
     click.echo(json.dumps(as_dict(config), indent=2))
+
+
+@main.command()
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the throwaway PostgreSQL and broker keep their data (default: a new temp dir).")
+@click.option("--keep", is_flag=True, help="Keep the services and the daemon running until Ctrl-C.")
+def demo(workdir: Path | None, keep: bool) -> None:
+    """Start a local PostgreSQL (logical WAL) and broker, run the daemon, write rows, show the events."""
+    _setup_logging("WARNING")
+    from cdc.demo import run_demo
+
+    try:
+        run_demo(workdir, keep)
+    except RuntimeError as exc:  # a local service could not start: its message names the fix
+        _fail(str(exc))
 
 
 if __name__ == "__main__":

@@ -229,8 +229,12 @@ class LocalPostgres:
                 user=user.pw_uid,
                 group=user.pw_gid,
                 extra_groups=os.getgrouplist(user.pw_name, user.pw_gid),
-                env={**os.environ, "HOME": user.pw_dir, "USER": user.pw_name,
-                     "LOGNAME": user.pw_name},
+                env={
+                    **os.environ,
+                    "HOME": user.pw_dir,
+                    "USER": user.pw_name,
+                    "LOGNAME": user.pw_name,
+                },
             )
         return kwargs
 
@@ -314,8 +318,10 @@ class LocalPostgres:
             result = subprocess.run(
                 [
                     str(self.bin_dir / "initdb"),
-                    "-D", str(data),
-                    "-U", "postgres",
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
                     "--auth=trust",
                     "--encoding=UTF8",
                     "--locale=C",
@@ -364,8 +370,15 @@ class LocalPostgres:
                 # No -l: postmaster inherits this fd, so the log may live where the
                 # server user cannot write. -w waits until it accepts connections.
                 result = subprocess.run(
-                    [str(self.bin_dir / "pg_ctl"), "start", "-w", "-t", "60",
-                     "-D", str(self.data_dir)],
+                    [
+                        str(self.bin_dir / "pg_ctl"),
+                        "start",
+                        "-w",
+                        "-t",
+                        "60",
+                        "-D",
+                        str(self.data_dir),
+                    ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     cwd=self.socket_dir,
@@ -375,6 +388,7 @@ class LocalPostgres:
                     **self._run_kwargs(),
                 )
             if result.returncode == 0 and self._wait_connectable(t0 + 30):
+                self._auto_port = False  # from now on restarts keep this port
                 if self.stop_at_exit:
                     _LIVE[self] = os.getpid()
                 return self
@@ -408,8 +422,17 @@ class LocalPostgres:
         offset = _file_size(self.log_path)
         with self.log_path.open("ab") as log:
             result = subprocess.run(
-                [str(self.bin_dir / "pg_ctl"), "stop", "-w", "-t", "60", "-m", mode,
-                 "-D", str(self.data_dir)],
+                [
+                    str(self.bin_dir / "pg_ctl"),
+                    "stop",
+                    "-w",
+                    "-t",
+                    "60",
+                    "-m",
+                    mode,
+                    "-D",
+                    str(self.data_dir),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.socket_dir,
@@ -419,8 +442,7 @@ class LocalPostgres:
             )
         if result.returncode != 0 and (self.data_dir / "postmaster.pid").exists():
             raise RuntimeError(
-                f"pg_ctl stop failed (exit {result.returncode}): "
-                f"{_log_tail(self.log_path, offset)}"
+                f"pg_ctl stop failed (exit {result.returncode}): {_log_tail(self.log_path, offset)}"
             )
 
     def restart(self) -> None:
@@ -552,8 +574,16 @@ class LocalBroker:
             offset = _file_size(self.log_path)
             with self.log_path.open("ab") as log:
                 self._proc = subprocess.Popen(
-                    [*command, "start", "--only", "kafka", "--kafka-port", str(self.port),
-                     "--data-dir", str(self.data_dir)],
+                    [
+                        *command,
+                        "start",
+                        "--only",
+                        "kafka",
+                        "--kafka-port",
+                        str(self.port),
+                        "--data-dir",
+                        str(self.data_dir),
+                    ],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -562,6 +592,7 @@ class LocalBroker:
                 )
             error = self._wait_ready(time.monotonic() + self.START_TIMEOUT_S)
             if error is None:
+                self._auto_port = False  # from now on restarts keep this port
                 if self.stop_at_exit:
                     _LIVE[self] = os.getpid()
                 return self

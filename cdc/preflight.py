@@ -163,7 +163,7 @@ def ensure_publication(catalog: Catalog, config: Config, tables: list[CapturedTa
         raise PreflightError(
             f"publication {pub} does not exist but slot {slot} does, and a slot cannot decode through a "
             "publication created after it: set [source] publication to the one the slot was streamed with, "
-            f"or drop the slot (SELECT pg_drop_replication_slot('{slot}')) and run again to start over"
+            f"or drop the slot (SELECT pg_drop_replication_slot('{slot}')) and start again with a fresh snapshot of the tables"
         )
     try:
         if row is None:

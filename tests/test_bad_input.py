@@ -59,8 +59,12 @@ def slot_of(prefix: str) -> str:
     return "s_" + prefix.lower()
 
 
-def make_slot(db, slot: str) -> int:
-    """An existing slot (as a previous run leaves it); returns its confirmed_flush_lsn."""
+def make_slot(db, slot: str, publication_for: str | None = None) -> int:
+    """An existing slot (as a previous run leaves it, after its publication when
+    `publication_for` names the tables); returns its confirmed_flush_lsn."""
+    if publication_for:
+        publication = "p_" + slot[len("s_"):]
+        db.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE {publication_for} WITH (publish_via_partition_root = true)')
     db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     lsn = confirmed_lsn(db.dsn, slot)
     assert lsn is not None
@@ -445,7 +449,7 @@ def test_non_compacted_topic_is_refused_then_allowed(db, config_for, topic_prefi
     topic = topic_name(topic_prefix, "public", "t")
     _create_delete_topic(broker_servers, topic)
     slot = slot_of(topic_prefix)
-    before = make_slot(db, slot)
+    before = make_slot(db, slot, publication_for="public.t")
     db.execute("INSERT INTO public.t VALUES (1, 'kept')")  # written while the daemon refuses
 
     message = refused(run(config_for(["public.t"])))
@@ -465,6 +469,23 @@ def test_non_compacted_topic_is_refused_then_allowed(db, config_for, topic_prefi
     assert f"topic {topic} is not compacted (cleanup.policy=delete), as allowed" in daemon.output()
     rows = [v["after"] for _, v in topic_records(broker_servers, topic_prefix, "public", "t")]
     assert rows == [{"id": 1, "v": "kept"}, {"id": 2, "v": "new"}]  # the refusal lost nothing
+
+
+def test_slot_older_than_its_publication(db, config_for, topic_prefix):
+    """A slot whose publication is missing (dropped, renamed in the config, or the slot made by
+    hand) would fail every start with "publication does not exist": refused up front."""
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    slot = slot_of(topic_prefix)
+    before = make_slot(db, slot)
+    db.execute("INSERT INTO public.t VALUES (1)")
+    message = refused(run(config_for(["public.t"])))
+    assert message == (
+        f"publication p_{topic_prefix.lower()} does not exist but slot {slot} does, and a slot cannot decode "
+        "through a publication created after it: set [source] publication to the one the slot was streamed with, "
+        f"or drop the slot (SELECT pg_drop_replication_slot('{slot}')) and start again with a fresh snapshot of the tables"
+    )
+    assert confirmed_lsn(db.dsn, slot) == before
+    assert db.fetchall("SELECT count(*) FROM pg_publication") == [(0,)]
 
 
 # ------------------------------------------------------------------ 8. slot in use

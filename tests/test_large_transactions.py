@@ -12,7 +12,15 @@ import pytest
 from cdc.config import TopicConfig
 from cdc.naming import topic_name
 from cdc.topics import TopicAdmin
-from tests.support import DaemonProcess, source_table, topic_records, topic_table, wait_caught_up, wait_for, write_config
+from tests.support import (
+    DaemonProcess,
+    source_table,
+    topic_records,
+    topic_table,
+    wait_caught_up,
+    wait_for,
+    write_config,
+)
 
 # A tiny logical_decoding_work_mem makes the walsender stream any transaction above 64 kB.
 STREAM_OPTIONS = " options='-c logical_decoding_work_mem=64kB'"

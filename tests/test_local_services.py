@@ -48,8 +48,7 @@ def test_drop_database_frees_a_slot_held_by_a_live_walsender(pg: LocalPostgres) 
     repl = psycopg.connect(dsn + " replication=database", autocommit=True)
     _, lsn, _, _ = repl.execute("CREATE_REPLICATION_SLOT s LOGICAL pgoutput").fetchone()
     repl.pgconn.send_query(
-        f"START_REPLICATION SLOT s LOGICAL {lsn} (proto_version '1', publication_names 'p')"
-        .encode()
+        f"START_REPLICATION SLOT s LOGICAL {lsn} (proto_version '1', publication_names 'p')".encode()
     )
     result = repl.pgconn.get_result()
     assert result is not None and result.status == psycopg.pq.ExecStatus.COPY_BOTH
