@@ -555,8 +555,8 @@ class Bench:
             profile_path = profile_dir / f"cdc-{client}.txt"
             spy = self.procs.start(
                 "py-spy",
-                ["py-spy", "record", "--gil", "--threads", "--nolineno", "--format", "raw", "--rate", "100",
-                 "-o", str(profile_path), "-p", str(proc.pid)],
+                ["py-spy", "record", "--idle" if self.args.profile_idle else "--gil", "--threads", "--nolineno",
+                 "--format", "raw", "--rate", "100", "-o", str(profile_path), "-p", str(proc.pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
         window = CpuWindow({"daemon": proc.pid, "broker": _broker_pid(broker)}).start()
@@ -802,8 +802,9 @@ class Bench:
         if self.profiles:
             for client, (result, path) in self.profiles.items():
                 out.append("")
-                out.append(f"### py-spy profile of cdc+{client} (GIL holder only, {result.rate:,.0f} changes/s under the profiler; raw: {path})")
-                out.extend(summarize_profile(path, top=self.args.profile_top))
+                what = "all threads, idle included" if self.args.profile_idle else "GIL holder only"
+                out.append(f"### py-spy profile of cdc+{client} ({what}; {result.rate:,.0f} changes/s under the profiler; raw: {path})")
+                out.extend(summarize_profile(path, top=self.args.profile_top, idle=self.args.profile_idle))
         out.append("")
         out.append("Commands:")
         for name, command in self.commands.items():
@@ -1000,7 +1001,7 @@ def produce_child(conn: Any, client: str, servers: str, topic: str, values: list
 _ROOT_FRAMES = re.compile(r"^(<module>|_run_module_as_main|_run_code|main|run|invoke|wrapper|Thread\._bootstrap\w*|Thread\.run)\b")
 
 
-def summarize_profile(path: Path, top: int = 20) -> list[str]:
+def summarize_profile(path: Path, top: int = 20, idle: bool = False) -> list[str]:
     """Self and inclusive shares of a py-spy raw file (`--threads --nolineno`)."""
     if not path.exists():
         return [f"(no profile at {path}: did py-spy fail to attach?)"]
@@ -1025,7 +1026,8 @@ def summarize_profile(path: Path, top: int = 20) -> list[str]:
                 inclusive[frame] += n
     if not total:
         return ["(empty profile)"]
-    out = [f"{total:,} samples holding the GIL; by thread: " + ", ".join(f"{t} {c / total:.0%}" for t, c in threads.most_common())]
+    what = "samples (idle included)" if idle else "samples holding the GIL"
+    out = [f"{total:,} {what}; by thread: " + ", ".join(f"{t} {c / total:.0%}" for t, c in threads.most_common())]
     out += ["", "| self % | function (file) |", "|---:|---|"]
     out += [f"| {c / total:.1%} | `{frame}` |" for frame, c in self_samples.most_common(top)]
     interesting = [
@@ -1048,6 +1050,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-rate", type=int, default=2000, help="offered transactions/s in the latency phase")
     parser.add_argument("--latency-seconds", type=int, default=15, help="length of the latency load")
     parser.add_argument("--profile", type=Path, metavar="DIR", help="also stream the WAL once more per client under py-spy; raw profiles go to DIR")
+    parser.add_argument("--profile-idle", action="store_true", help="profile every thread, waiting ones included, instead of the GIL holder only")
     parser.add_argument("--profile-top", type=int, default=20, help="functions listed per profile table")
     parser.add_argument("--seed", type=int, default=42, help="seed of the workload generator")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs)")

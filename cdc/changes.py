@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from cdc import pgoutput
 from cdc.catalog import Catalog
@@ -24,12 +25,13 @@ class NoKey(Exception):
     """A captured table has neither a primary key nor a usable replica identity."""
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    """One Kafka record (a tuple: built once per change on the hot path)."""
+
     topic: str
     key: bytes
     value: bytes | None
-    table: str  # schema.table as SQL writes it, for error messages
+    table: str  # schema.table, for error messages and metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +114,7 @@ class ChangeRenderer:
         if table is None:
             return []
         source = table.source(txn.commit_ts_us, snapshot, txn.commit_lsn, change_lsn, txn.xid)
-        name = f"{table.schema}.{table.table}"
+        name = table.name
         if kind is pgoutput.Insert:
             after = table.row(msg.new)  # type: ignore[attr-defined]
             return [Record(table.topic, table.key(after), table.envelope("c", None, after, source), name)]
@@ -145,7 +147,5 @@ class ChangeRenderer:
             if table is None:
                 continue
             source = table.source(txn.commit_ts_us, "false", txn.commit_lsn, change_lsn, txn.xid)
-            out.append(
-                Record(table.topic, TRUNCATE_KEY, table.envelope("t", None, None, source), f"{table.schema}.{table.table}")
-            )
+            out.append(Record(table.topic, TRUNCATE_KEY, table.envelope("t", None, None, source), table.name))
         return out

@@ -57,15 +57,16 @@ class TableEvents:
         self._names = [c.name for c in self.columns]
         self._key_names = [self._names[i] for i in self.key_indexes]
         self._converters = [(c.convert, c.placeholder) for c in self.columns]
-        self._source_prefix = {
-            "version": SOURCE_VERSION,
-            "connector": "postgresql",
-            "name": self.prefix,
-        }
+        self._convert = [c.convert for c in self.columns]
+        self.name = f"{self.schema}.{self.table}"
+        self._source_key: tuple | None = None
+        self._source_base: dict[str, Any] = {}
 
     # -- rows -----------------------------------------------------------------------------
     def row(self, values: list, fill: list | None = None) -> list:
         """Convert text values; unchanged TOASTed ones come from `fill` (the old row) when known."""
+        if UNCHANGED not in values:  # the common case, as one comprehension
+            return [None if v is None else c(v) for c, v in zip(self._convert, values, strict=True)]
         out = []
         for i, value in enumerate(values):
             convert, placeholder = self._converters[i]
@@ -91,20 +92,30 @@ class TableEvents:
 
     # -- envelopes ------------------------------------------------------------------------
     def source(self, commit_ts_us: int, snapshot: str, commit_lsn: int, change_lsn: int, xid: int | None) -> dict:
-        return {
-            **self._source_prefix,
-            "ts_ms": commit_ts_us // 1000,
-            "ts_us": commit_ts_us,
-            "ts_ns": commit_ts_us * 1000,
-            "snapshot": snapshot,
-            "db": self.database,
-            "sequence": f'["{commit_lsn}","{change_lsn}"]',
-            "schema": self.schema,
-            "table": self.table,
-            "txId": xid,
-            "lsn": change_lsn,
-            "xmin": None,
-        }
+        """The `source` block; what a transaction's events share is built once per transaction."""
+        key = (commit_ts_us, snapshot, commit_lsn, xid)
+        if key != self._source_key:
+            self._source_key = key
+            self._source_base = {
+                "version": SOURCE_VERSION,
+                "connector": "postgresql",
+                "name": self.prefix,
+                "ts_ms": commit_ts_us // 1000,
+                "ts_us": commit_ts_us,
+                "ts_ns": commit_ts_us * 1000,
+                "snapshot": snapshot,
+                "db": self.database,
+                "sequence": None,
+                "schema": self.schema,
+                "table": self.table,
+                "txId": xid,
+                "lsn": None,
+                "xmin": None,
+            }
+        source = self._source_base.copy()
+        source["sequence"] = f'["{commit_lsn}","{change_lsn}"]'
+        source["lsn"] = change_lsn
+        return source
 
     def envelope(self, op: str, before: list | None, after: list | None, source: dict) -> bytes:
         now_us = time.time_ns() // 1000

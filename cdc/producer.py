@@ -13,7 +13,7 @@ import logging
 from typing import Protocol
 
 from cdc.config import TopicConfig
-from cdc.partitioner import partition_for
+from cdc.partitioner import fast_partition_for
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class KafkaPythonProducer:
         self._send = self._producer.send
 
     def send(self, topic: str, key: bytes, value: bytes | None) -> Delivery:
-        partition = partition_for(key, self.partition_counts[topic])
+        partition = fast_partition_for(key, self.partition_counts[topic])
         return _KafkaPythonDelivery(self._send(topic, value=value, key=key, partition=partition))
 
     def poll(self) -> None:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cdc.partitioner import murmur2, partition_for
+from cdc.partitioner import fast_partition_for, murmur2, partition_for
 
 # Kafka's own vectors: clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java
 # (testMurmur2).
@@ -88,13 +88,12 @@ def test_matches_kafka_python_on_random_keys() -> None:
 
 
 def test_matches_confluent_kafka_on_random_keys() -> None:
-    ck = pytest.importorskip("confluent_kafka")
-    hash_partition = getattr(ck, "murmur2", None)
-    if hash_partition is None:
-        pytest.skip("this confluent-kafka exposes no murmur2(key, partitions)")
+    from confluent_kafka import murmur2 as hash_partition
+
     for i, key in enumerate(KEYS):
         positive = murmur2(key) & 0x7FFFFFFF
         for n in PARTITION_COUNTS:
             assert hash_partition(key, n) == positive % n, (key, n)
         n = PARTITION_COUNTS[i % len(PARTITION_COUNTS)]
         assert partition_for(key, n) == hash_partition(key, n), (key, n)
+        assert fast_partition_for(key, n) == partition_for(key, n), (key, n)

@@ -1,0 +1,32 @@
+"""Both producers put every key on the partition Kafka's Java client would pick (murmur2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdc.config import TopicConfig
+from cdc.partitioner import partition_for
+from cdc.producer import make_producer
+from cdc.topics import TopicAdmin
+from compaction.reader import read_topic
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_records_land_on_the_murmur2_partition(broker_servers, topic_prefix, client):
+    config = TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix, partitions=5, client=client)
+    topic = f"{topic_prefix}.public.placement"
+    admin = TopicAdmin(config)
+    try:
+        infos = admin.ensure([topic])
+    finally:
+        admin.close()
+    assert infos[topic].partitions == 5 and infos[topic].cleanup_policy == "compact"
+    producer = make_producer(config, {topic: 5})
+    keys = [f'{{"id":{i}}}'.encode() for i in range(300)] + [f'{{"name":"k\\u00e9{i}"}}'.encode() for i in range(50)]
+    deliveries = [producer.send(topic, key, b"{}") for key in keys]
+    assert producer.flush(30)
+    producer.poll()
+    assert all(d.done() and d.error() is None for d in deliveries)
+    producer.close()
+    placed = {r.key: r.partition for r in read_topic(config, topic)}
+    assert placed == {key: partition_for(key, 5) for key in keys}
