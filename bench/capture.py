@@ -19,10 +19,18 @@ rows) into a 6-column table. Every reader below then decodes that SAME WAL:
    UPDATE transactions/s for 15 s; a confluent-kafka consumer computes
    consume time - source.ts_us (the commit time) per event.
 
-Each throughput phase gets a fresh broker (noida-db re-serializes all its data to one
-JSON file periodically, so a broker that still holds an earlier phase's records would
-slow the next phase down). Every process started here runs in its own process group and
-is ended on exit, Ctrl-C and SIGTERM included.
+The broker: noida-db re-serializes its whole store to one JSON file again and again
+while data changes, so its CPU cost grows with everything it holds (measured here: ~0.7
+of a core once it holds 190k records of 556 B, vs ~0.02 when kept small). Left alone, that
+would charge the slowest runs the most and steal the cores the pipeline runs on. So each
+phase gets a fresh broker and, unless --no-trim, its topics are created
+`cleanup.policy=compact,delete` (cdc accepts a topic whose policy includes compact) and a
+thread deletes acknowledged records (DeleteRecords) every second, keeping the newest
+1,000 per partition: the broker then costs about what a real one would. Record counts
+are checked from the high watermarks.
+
+Every process started here runs in its own process group and is ended on exit, Ctrl-C
+and SIGTERM included.
 """
 
 from __future__ import annotations
@@ -63,7 +71,8 @@ BATCH_SIZE = 1048576
 MAX_MESSAGE_BYTES = 1048588
 RECORD_OVERHEAD = 128
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-SAMPLE_RECORDS = 5000  # cdc events kept as templates for the client-alone runs
+SAMPLE_RECORDS = 3000  # cdc events kept as templates for the client-alone runs
+TRIM_KEEP = 1000  # records per partition the trimmer leaves on the broker
 
 PG_SETTINGS = {
     "fsync": "off",
@@ -123,6 +132,10 @@ def cpu_seconds(pid: int | None) -> float | None:
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds per thread: the main thread (tid == pid) and the others summed by name."""
     out: Counter[str] = Counter()
+    try:
+        main_comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return {}
     with contextlib.suppress(OSError):
         for task in os.listdir(f"/proc/{pid}/task"):
             try:
@@ -131,7 +144,12 @@ def thread_cpu(pid: int) -> dict[str, float]:
             except OSError:
                 continue
             fields = stat.rsplit(")", 1)[1].split()
-            name = "main" if int(task) == pid else comm
+            if int(task) == pid:
+                name = "main thread"
+            elif comm == main_comm:
+                name = "other Python threads"  # Python threads keep the process's name
+            else:
+                name = comm  # librdkafka names its threads (rdk:main, rdk:broker1, ...)
             out[name] += (int(fields[11]) + int(fields[12])) / CLK_TCK
     return dict(out)
 
@@ -506,6 +524,8 @@ class Bench:
         return path
 
     def start_daemon(self, client: str, slot: str, prefix: str, broker: LocalBroker) -> tuple[subprocess.Popen, Path, float]:
+        if self.args.trim:  # see the module docstring; cdc accepts it because the policy includes compact
+            create_topic(broker.bootstrap_servers, topic_name(prefix, "public", TABLE), "compact,delete")
         config = self.write_config(self.workdir / f"{prefix}.toml", client, slot, prefix, broker)
         argv = [sys.executable, "-m", "cdc", "run", "--config", str(config)]
         self.commands.setdefault(f"cdc ({client})", shlex.join(argv))
@@ -542,13 +562,28 @@ class Bench:
                     raise BenchError(f"slot {slot} did not reach the end of the writes in {timeout:.0f} s; see {log_path}")
                 time.sleep(0.02)
 
+    def trimmer(self, broker: LocalBroker, topic: str, **kwargs: Any) -> Trimmer | None:
+        if not self.args.trim:
+            return None
+        trimmer = Trimmer(broker.bootstrap_servers, topic, **kwargs)
+        trimmer.start()
+        return trimmer
+
+    def finish_trimmer(self, trimmer: Trimmer | None, phase: str) -> None:
+        if trimmer is not None:
+            trimmer.finish()
+            if trimmer.error:
+                self.log(f"warning: trimming the broker during {phase} stopped: {trimmer.error}")
+
     def run_cdc(self, client: str, *, profile_dir: Path | None = None) -> None:
         short = SHORT[client]
         name = f"cdc+{client}"
         slot, prefix = (f"bench_prof_{short}", f"prof_{short}") if profile_dir else (f"bench_{short}", f"bench_{short}")
         broker = self.new_broker(prefix)
+        topic = topic_name(prefix, "public", TABLE)
         self.log(f"{name}{' under py-spy' if profile_dir else ''}: streaming {self.args.rows:,} changes")
         proc, log_path, startup = self.start_daemon(client, slot, prefix, broker)
+        trimmer = self.trimmer(broker, topic)
         spy = None
         profile_path = None
         if profile_dir:
@@ -563,7 +598,7 @@ class Bench:
         threads0 = thread_cpu(proc.pid)
         t0 = time.monotonic()
         try:
-            walsender = self.wait_confirmed(slot, self.workload.end_lsn, proc, log_path, timeout=max(600, self.args.rows / 500))
+            walsender = self.wait_confirmed(slot, self.workload.end_lsn, proc, log_path, timeout=max(600, self.args.rows / 100))
             elapsed = time.monotonic() - t0
             window.stop()
             threads1 = thread_cpu(proc.pid)
@@ -577,8 +612,8 @@ class Bench:
         finally:
             if spy is not None:
                 self.procs.stop(spy, signal.SIGINT, timeout=30)  # py-spy writes its file on SIGINT
+            self.finish_trimmer(trimmer, name)
             self.stop_daemon(proc, log_path)
-        topic = topic_name(prefix, "public", TABLE)
         result.records, samples = read_topic_summary(broker.bootstrap_servers, topic, 0 if self.samples else SAMPLE_RECORDS)
         if samples:
             self.samples = samples
@@ -588,8 +623,9 @@ class Bench:
             self.profiles[client] = (result, profile_path)
         else:
             self.results[name] = result
-        check = "" if result.records == self.args.rows else f" (topic holds {result.records:,} records, expected {self.args.rows:,})"
-        self.log(f"{name}: {result.rate:,.0f} changes/s, peak RSS {result.peak_rss_mb or 0:.0f} MiB{check}")
+        if result.records != self.args.rows:
+            result.note = f"topic got {result.records:,} records, expected {self.args.rows:,}"
+        self.log(f"{name}: {result.rate:,.0f} changes/s, peak RSS {result.peak_rss_mb or 0:.0f} MiB {result.note}")
 
     # -- 2. the clients alone --------------------------------------------------------------
     def run_client_alone(self, client: str) -> None:
@@ -597,7 +633,7 @@ class Bench:
             raise BenchError("no cdc events were sampled to size the client-alone records")
         broker = self.new_broker(f"alone-{SHORT[client]}")
         topic = f"alone_{SHORT[client]}"
-        create_topic(broker.bootstrap_servers, topic)
+        create_topic(broker.bootstrap_servers, topic, "compact,delete" if self.args.trim else "compact")
         name = f"{client} alone"
         self.log(f"{name}: producing {self.args.rows:,} records")
         ctx = multiprocessing.get_context("spawn")
@@ -609,31 +645,72 @@ class Bench:
         self.procs.child(child)
         child.start()
         child_end.close()
+        trimmer = None
         try:
             ready = recv(parent, child, 120)
-            window = CpuWindow({"broker": _broker_pid(broker)}).start()
             if ready.get("error"):
                 raise BenchError(f"{name}: {ready['error']}")
-            done = recv(parent, child, max(600, self.args.rows / 500))
+            window = CpuWindow({"broker": _broker_pid(broker)}).start()
+            trimmer = self.trimmer(broker, topic)
+            done = recv(parent, child, max(600, self.args.rows / 100))
             window.stop()
             if done.get("error"):
                 raise BenchError(f"{name}: {done['error']}")
         finally:
+            self.finish_trimmer(trimmer, name)
             child.join(30)
             if child.is_alive():
                 child.kill()
+        records, _ = read_topic_summary(broker.bootstrap_servers, topic, 0)
         self.drop_broker(broker)
         result = Throughput(
             name, self.args.rows, done["seconds"], process_cpu_s=done["cpu_s"], peak_rss_mb=done["maxrss_mb"],
             broker_cpu_s=window.used.get("broker"), machine_busy_cores=window.machine_busy_cores,
-            records=done["acked"],
+            records=records, threads=done.get("threads", {}),
         )
-        if done["failed"]:
-            result.note = f"{done['failed']:,} records failed"
+        if done["failed"] or records != self.args.rows:
+            result.note = f"{done['failed']:,} records failed, topic got {records:,}"
         self.results[name] = result
-        self.log(f"{name}: {result.rate:,.0f} records/s")
+        self.log(f"{name}: {result.rate:,.0f} records/s {result.note}")
 
     # -- 5. latency -------------------------------------------------------------------------
+    def run_broker_floor(self) -> None:
+        """The same consumer reading records a paced confluent producer sends: no cdc, no PostgreSQL."""
+        broker = self.new_broker("lat-floor")
+        topic = "latency_floor"
+        create_topic(broker.bootstrap_servers, topic, "compact,delete" if self.args.trim else "compact")
+        rate, seconds = self.args.latency_rate, self.args.latency_seconds
+        self.log(f"latency floor of the broker: confluent-kafka producer at {rate:,} records/s for {seconds} s")
+        consumer = LatencyConsumer(broker.bootstrap_servers, topic)
+        consumer.start()
+        trimmer = None
+        stop = threading.Event()
+        try:
+            consumer.ready.wait(30)
+            if consumer.error is not None:
+                raise BenchError(f"latency consumer failed: {consumer.error!r}")
+            time.sleep(1.0)
+            trimmer = self.trimmer(broker, topic, keep=0, safe=consumer.position)
+            sizes = [len(v) for v in self.samples] or [550]
+            t0 = time.monotonic()
+            sent = paced_produce(broker.bootstrap_servers, topic, rate, seconds, sum(sizes) // len(sizes), stop)
+            achieved = sent / (time.monotonic() - t0)
+            deadline = time.monotonic() + 30
+            while consumer.count < sent and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            self.finish_trimmer(trimmer, "the latency floor")
+            consumer.stopping.set()
+            consumer.join(15)
+            self.drop_broker(broker)
+        self.latencies["broker floor"] = Latency(
+            "broker floor", rate, achieved, sent, consumer.count,
+            [(c - s) / 1000 for c, _, s in consumer.samples],
+            [r - s / 1000 for _, r, s in consumer.samples if r is not None],
+            consumer.timestamp_type,
+        )
+
     def run_latency(self, client: str) -> None:
         short = SHORT[client]
         slot, prefix = f"bench_lat_{short}", f"lat_{short}"
@@ -643,11 +720,13 @@ class Bench:
         proc, log_path, _ = self.start_daemon(client, slot, prefix, broker)
         consumer = LatencyConsumer(broker.bootstrap_servers, topic_name(prefix, "public", TABLE))
         consumer.start()
+        trimmer = None
         try:
             consumer.ready.wait(30)
             if consumer.error is not None:
                 raise BenchError(f"latency consumer failed: {consumer.error!r}")
             time.sleep(1.0)  # the consumer's first fetch is in flight
+            trimmer = self.trimmer(broker, consumer.topic, keep=0, safe=consumer.position)
             script = self.workdir / "pgbench-update.sql"
             script.write_text(PGBENCH_SCRIPT)
             assert self.pg is not None
@@ -678,11 +757,12 @@ class Bench:
             processed = int(re.search(r"number of transactions actually processed: (\d+)", text).group(1))
             tps_match = re.search(r"tps = ([\d.]+)", text)
             end = self.mark_end()
-            self.wait_confirmed(slot, end, proc, log_path, timeout=120)
+            self.wait_confirmed(slot, end, proc, log_path, timeout=300)
             deadline = time.monotonic() + 30
             while consumer.count < processed and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:
+            self.finish_trimmer(trimmer, f"latency cdc+{client}")
             consumer.stopping.set()
             consumer.join(15)
             self.stop_daemon(proc, log_path)
@@ -690,13 +770,14 @@ class Bench:
             with contextlib.suppress(Exception):
                 self.sql("SELECT pg_drop_replication_slot(%s)", (slot,))
         lat = Latency(
-            client, rate, float(tps_match.group(1)) if tps_match else processed / seconds, processed, consumer.count,
+            f"cdc+{client}", rate, float(tps_match.group(1)) if tps_match else processed / seconds, processed,
+            consumer.count,
             [(c - s) / 1000 for c, _, s in consumer.samples],
             [r - s / 1000 for _, r, s in consumer.samples if r is not None],
             consumer.timestamp_type,
             daemon_cpu_cores=(window.used.get("daemon") or 0) / seconds,
         )
-        self.latencies[client] = lat
+        self.latencies[f"cdc+{client}"] = lat
         self.log(
             f"latency cdc+{client}: p50 {pct(lat.consumed_ms, 50):.1f} ms, p99 {pct(lat.consumed_ms, 99):.1f} ms "
             f"over {lat.events:,} events ({processed:,} transactions)"
@@ -720,6 +801,7 @@ class Bench:
             with contextlib.suppress(Exception):
                 self.sql("SELECT pg_drop_replication_slot(%s)", (slot,))
         if not self.args.skip_latency:
+            self.run_broker_floor()
             for client in self.clients:
                 self.run_latency(client)
         self.load_after = os.getloadavg()
@@ -727,84 +809,107 @@ class Bench:
     # -- the report ---------------------------------------------------------------------------
     def report(self) -> str:
         a, w = self.args, self.workload
+        res = self.results
         out = ["", "## Capture pipeline vs. its physical limits", ""]
         out.append(f"Command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`")
         out.append("")
         sizes = [len(s) for s in self.samples]
+        after = getattr(self, "load_after", None)
         out.append(
             f"Workload: {a.rows:,} row changes ({w.inserts:,} INSERT, {w.updates:,} UPDATE) in {w.transactions:,} "
-            f"transactions of 100-1000 rows on a 6-column table; {(w.end_lsn - w.start_lsn) / 2**20:,.0f} MiB of WAL; "
-            f"event value {sum(sizes) / max(1, len(sizes)):,.0f} B on average (key ~10 B). "
-            f"Machine: {os.cpu_count()} CPUs, load average {self.load_before[0]:.2f} before, "
-            f"{getattr(self, 'load_after', (float('nan'),))[0]:.2f} after; {versions()}."
+            f"transactions of 100-1000 rows on a 6-column table, {(w.end_lsn - w.start_lsn) / 2**20:,.0f} MiB of WAL; "
+            f"cdc event values average {sum(sizes) / max(1, len(sizes)):,.0f} B. Broker: noida-db, "
+            f"{'acknowledged records trimmed every second' if a.trim else 'untrimmed (--no-trim)'}. "
+            f"Machine: {os.cpu_count()} CPUs, load average {self.load_before[0]:.2f} before"
+            f"{f', {after[0]:.2f} after' if after else ''}; {versions()}."
         )
         out.append("")
-        out.append("| pipeline | rows/s | wall s | process CPU s | µs CPU/row | broker CPU s | walsender CPU s | machine busy (cores) | peak RSS MiB |")
+        out.append("| pipeline | rows/s | wall s | CPU s | rows per CPU-s | broker CPU s | walsender CPU s | machine busy (cores) | peak RSS MiB |")
         out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        order = ["pg_recvlogical", "kafka-python alone", "confluent alone", "cdc+kafka-python", "cdc+confluent"]
-        for key in order:
-            r = self.results.get(key)
+        for key in ("pg_recvlogical", "kafka-python alone", "confluent alone", "cdc+kafka-python", "cdc+confluent"):
+            r = res.get(key)
             if r is None:
                 continue
-            cpu_row = f"{r.process_cpu_s * 1e6 / r.rows:,.1f}" if r.process_cpu_s else "-"
-            label = {"pg_recvlogical": "pg_recvlogical (PostgreSQL ceiling)"}.get(key, key)
+            cpu = r.walsender_cpu_s if key == "pg_recvlogical" else r.process_cpu_s
+            per_cpu = f"{r.rows / cpu:,.0f}" if cpu else "-"
+            label = {"pg_recvlogical": "pg_recvlogical (PostgreSQL ceiling; CPU = walsender)"}.get(key, key)
             if r.note:
                 label += f" ({r.note})"
             out.append(
-                f"| {label} | {r.rate:,.0f} | {r.seconds:,.2f} | {_f(r.process_cpu_s)} | {cpu_row} | {_f(r.broker_cpu_s)} | "
+                f"| {label} | {r.rate:,.0f} | {r.seconds:,.2f} | {_f(cpu)} | {per_cpu} | {_f(r.broker_cpu_s)} | "
                 f"{_f(r.walsender_cpu_s)} | {_f(r.machine_busy_cores)} | {_f(r.peak_rss_mb, 0)} |"
             )
         out.append("")
-        out.append("| target | measured | goal | verdict |")
-        out.append("|---|---:|---:|---|")
-        ratio_rows = [
+        out.append(
+            "CPU s = CPU used by the measured process while the clock ran (the walsender for pg_recvlogical, all "
+            "threads of the producer process or the daemon otherwise); rows per CPU-s is what that process would do "
+            "with a core of its own. machine busy = all CPUs busy (incl. other users of the machine) during the phase."
+        )
+        out.append("")
+        out.append("| target | measured | goal | verdict | same ratio in rows per CPU-s |")
+        out.append("|---|---:|---:|---|---:|")
+
+        def cpu_of(key: str) -> float | None:
+            r = res[key]
+            return r.walsender_cpu_s if key == "pg_recvlogical" else r.process_cpu_s
+
+        for label, num, den, goal in (
             ("cdc(kafka-python) / kafka-python alone", "cdc+kafka-python", "kafka-python alone", 0.8),
             ("cdc(confluent) / pg_recvlogical", "cdc+confluent", "pg_recvlogical", 0.5),
             ("cdc(confluent) / confluent alone", "cdc+confluent", "confluent alone", None),
             ("cdc(kafka-python) / pg_recvlogical", "cdc+kafka-python", "pg_recvlogical", None),
-        ]
-        for label, num, den, goal in ratio_rows:
-            if num in self.results and den in self.results:
-                ratio = self.results[num].rate / self.results[den].rate
-                verdict = "-" if goal is None else ("met" if ratio >= goal else "MISSED")
-                out.append(f"| {label} | {ratio:.2f} | {'>= ' + str(goal) if goal else 'info'} | {verdict} |")
-        for client, lat in self.latencies.items():
-            p99 = pct(lat.consumed_ms, 99)
-            out.append(f"| latency p99 cdc+{client} (commit -> consumed) | {p99:.1f} ms | < 100 ms | {'met' if p99 < 100 else 'MISSED'} |")
+        ):
+            if num not in res or den not in res:
+                continue
+            ratio = res[num].rate / res[den].rate
+            verdict = "-" if goal is None else ("met" if ratio >= goal else "**MISSED**")
+            cn, cd = cpu_of(num), cpu_of(den)
+            cpu_ratio = f"{cd / cn:.2f}" if cn and cd else "-"
+            out.append(f"| {label} | {ratio:.2f} | {'>= ' + str(goal) if goal else 'info'} | {verdict} | {cpu_ratio} |")
+        for name, lat in self.latencies.items():
+            if name.startswith("cdc+"):
+                p99 = pct(lat.consumed_ms, 99)
+                out.append(f"| latency p99 {name}, commit -> consumed | {p99:,.1f} ms | < 100 ms | {'met' if p99 < 100 else '**MISSED**'} | |")
         for client in self.clients:
-            r = self.results.get(f"cdc+{client}")
+            r = res.get(f"cdc+{client}")
             if r and r.peak_rss_mb:
-                out.append(f"| peak RSS cdc+{client} | {r.peak_rss_mb:.0f} MiB | info | - |")
+                out.append(f"| peak RSS cdc+{client} | {r.peak_rss_mb:.0f} MiB | info | - | |")
         if self.latencies:
             out.append("")
             out.append(
                 f"Latency: pgbench offers {a.latency_rate:,} single-row UPDATE transactions/s (Poisson-paced, "
-                f"{a.latency_seconds} s, synchronous_commit=on for these sessions so a commit's WAL is flushed at once); "
-                "a confluent-kafka consumer reads the topic; commit time = `source.ts_us`."
+                f"{a.latency_seconds} s; these sessions run synchronous_commit=on, so a commit's WAL is flushed when "
+                "it commits); a confluent-kafka consumer (fetch.wait.max.ms=5) reads the topic; commit time = "
+                "`source.ts_us`. The broker floor row sends records from a paced confluent-kafka producer (cdc's "
+                "settings) straight to the broker: the same consumer's latency with no PostgreSQL and no cdc."
             )
             out.append("")
-            out.append("| client | tx/s achieved | events / tx | commit -> consumed p50 | p99 | max | commit -> record timestamp p50 | p99 | daemon CPU (cores) |")
+            out.append("| pipeline | tx/s achieved | events / tx | commit -> consumed p50 | p99 | max | commit -> record timestamp p50 | p99 | daemon CPU (cores) |")
             out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-            for client, lat in self.latencies.items():
+            for name, lat in self.latencies.items():
                 out.append(
-                    f"| cdc+{client} | {lat.achieved_tps:,.0f} | {lat.events:,} / {lat.transactions:,} | "
-                    f"{pct(lat.consumed_ms, 50):.1f} ms | {pct(lat.consumed_ms, 99):.1f} ms | {max(lat.consumed_ms, default=float('nan')):.1f} ms | "
-                    f"{pct(lat.record_ts_ms, 50):.1f} ms | {pct(lat.record_ts_ms, 99):.1f} ms | {_f(lat.daemon_cpu_cores)} |"
+                    f"| {name} | {lat.achieved_tps:,.0f} | {lat.events:,} / {lat.transactions:,} | "
+                    f"{pct(lat.consumed_ms, 50):,.1f} ms | {pct(lat.consumed_ms, 99):,.1f} ms | "
+                    f"{max(lat.consumed_ms, default=float('nan')):,.1f} ms | "
+                    f"{pct(lat.record_ts_ms, 50):,.1f} ms | {pct(lat.record_ts_ms, 99):,.1f} ms | {_f(lat.daemon_cpu_cores, 2)} |"
                 )
             out.append("")
             kinds = {lat.timestamp_type for lat in self.latencies.values()}
-            out.append(f"(record timestamp type: {', '.join(sorted(kinds))}; CreateTime is the producer's send time)")
-        for key in ("cdc+kafka-python", "cdc+confluent"):
-            r = self.results.get(key)
+            out.append(f"Record timestamps are {', '.join(sorted(kinds))}: the time the daemon handed the record to its producer.")
+        for key in ("kafka-python alone", "confluent alone", "cdc+kafka-python", "cdc+confluent"):
+            r = res.get(key)
             if r and r.threads:
                 busy = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(r.threads.items(), key=lambda kv: -kv[1]) if v >= 0.05)
-                out.append(f"\n{key}: CPU by thread: {busy}; start-up before streaming {r.startup_s:.1f} s (not timed)")
+                start = f"; start-up before streaming {r.startup_s:.1f} s (not timed)" if r.startup_s else ""
+                out.append(f"\n{key}: CPU by thread: {busy}{start}")
         if self.profiles:
             for client, (result, path) in self.profiles.items():
                 out.append("")
                 what = "all threads, idle included" if self.args.profile_idle else "GIL holder only"
                 out.append(f"### py-spy profile of cdc+{client} ({what}; {result.rate:,.0f} changes/s under the profiler; raw: {path})")
-                out.extend(summarize_profile(path, top=self.args.profile_top, idle=self.args.profile_idle))
+                out.append("")
+                out.extend(summarize_profile(path, top=self.args.profile_top, idle=self.args.profile_idle,
+                                             seconds=result.seconds))
         out.append("")
         out.append("Commands:")
         for name, command in self.commands.items():
@@ -820,8 +925,10 @@ def versions() -> str:
     parts = [f"Python {sys.version.split()[0]}"]
     with contextlib.suppress(Exception):
         import kafka
+        from kafka.record import util
 
-        parts.append(f"kafka-python {kafka.__version__}")
+        crc = "C crc32c" if getattr(util, "crc32c_c", None) else "pure-Python CRC32C: the crc32c package is missing"
+        parts.append(f"kafka-python {kafka.__version__} ({crc})")
     with contextlib.suppress(Exception):
         import confluent_kafka
 
@@ -835,34 +942,84 @@ def versions() -> str:
 # --------------------------------------------------------------------------- Kafka helpers
 
 
-def create_topic(servers: str, topic: str) -> None:
-    """A topic configured like the ones cdc creates (compacted, 3 partitions)."""
+def create_topic(servers: str, topic: str, policy: str = "compact") -> None:
+    """A topic configured like the ones cdc creates (3 partitions; compact, or compact,delete to trim)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": servers})
-    config = {"cleanup.policy": "compact", "min.insync.replicas": "1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}
+    config = {"cleanup.policy": policy, "min.insync.replicas": "1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}
     for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)]).values():
         future.result(30)
 
 
+class Trimmer(threading.Thread):
+    """Deletes acknowledged records every `interval` s so noida-db's store stays small.
+
+    Up to the high watermark minus `keep` per partition, and never past `safe(partition)`
+    when given (the latency consumer's position). DeleteRecords only removes records the
+    broker has acknowledged, so producers and the record counts are unaffected."""
+
+    def __init__(self, servers: str, topic: str, keep: int = TRIM_KEEP, safe: Any = None, interval: float = 1.0) -> None:
+        super().__init__(name=f"trim-{topic}", daemon=True)
+        self.servers, self.topic, self.keep, self.safe, self.interval = servers, topic, keep, safe, interval
+        self.stopping = threading.Event()
+        self.deleted = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.servers})
+        offsets = Consumer({"bootstrap.servers": self.servers, "group.id": f"bench-trim-{self.topic}"})
+        low = dict.fromkeys(range(PARTITIONS), 0)
+        try:
+            while not self.stopping.wait(self.interval):
+                targets = []
+                for p in range(PARTITIONS):
+                    _, high = offsets.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5, cached=False)
+                    upto = high - self.keep
+                    if self.safe is not None:
+                        upto = min(upto, self.safe(p))
+                    if upto > low[p]:
+                        targets.append(TopicPartition(self.topic, p, upto))
+                if not targets:
+                    continue
+                for tp, future in admin.delete_records(targets).items():
+                    future.result(10)
+                    self.deleted += tp.offset - low[tp.partition]
+                    low[tp.partition] = tp.offset
+        except Exception as exc:  # noqa: BLE001 - trimming only saves broker CPU; report, go on
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            offsets.close()
+
+    def finish(self) -> None:
+        self.stopping.set()
+        self.join(15)
+
+
 def read_topic_summary(servers: str, topic: str, sample: int) -> tuple[int, list[bytes]]:
-    """(records in the topic, the first `sample` non-tombstone values)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    """(records ever written to the fresh topic = sum of high watermarks, up to `sample` values
+    among those still on the broker)."""
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({
         "bootstrap.servers": servers, "group.id": f"bench-sample-{os.getpid()}", "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
     })
     try:
-        total = 0
+        total, available, start = 0, 0, []
         for p in range(PARTITIONS):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            total += high - low
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
+            total += high
+            available += high - low
+            start.append(TopicPartition(topic, p, low))
         values: list[bytes] = []
-        if sample:
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        if sample and available:
+            consumer.assign(start)
             deadline = time.monotonic() + 60
-            while len(values) < min(sample, total) and time.monotonic() < deadline:
+            while len(values) < min(sample, available) and time.monotonic() < deadline:
                 for msg in consumer.consume(1000, 1.0):
                     if msg.error() is None and msg.value() is not None:
                         values.append(msg.value())
@@ -878,11 +1035,15 @@ class LatencyConsumer(threading.Thread):
         super().__init__(name="latency-consumer", daemon=True)
         self.servers, self.topic = servers, topic
         self.samples: list[tuple[int, float | None, int]] = []
+        self.positions: dict[int, int] = {}
         self.count = 0
         self.timestamp_type = "?"
         self.ready = threading.Event()
         self.stopping = threading.Event()
         self.error: BaseException | None = None
+
+    def position(self, partition: int) -> int:
+        return self.positions.get(partition, 0)
 
     def run(self) -> None:
         from confluent_kafka import (
@@ -906,7 +1067,10 @@ class LatencyConsumer(threading.Thread):
                 batch = consumer.consume(10000, 0.05)
                 now_us = time.time_ns() // 1000
                 for msg in batch:
-                    if msg.error() is not None or msg.value() is None:
+                    if msg.error() is not None:
+                        continue
+                    self.positions[msg.partition()] = msg.offset() + 1
+                    if msg.value() is None:
                         continue
                     event = orjson.loads(msg.value())
                     payload = event.get("payload", event) if "schema" in event else event
@@ -919,6 +1083,35 @@ class LatencyConsumer(threading.Thread):
             self.ready.set()
         finally:
             consumer.close()
+
+
+def paced_produce(servers: str, topic: str, rate: int, seconds: float, size: int, stop: threading.Event) -> int:
+    """The broker's own latency floor: confluent-kafka configured like cdc, `rate` records/s,
+    each carrying its send time where cdc puts the commit time (source.ts_us)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({
+        "bootstrap.servers": servers, "client.id": "bench-floor", "acks": "all", "enable.idempotence": True,
+        "partitioner": "murmur2_random", "linger.ms": LINGER_MS, "batch.size": BATCH_SIZE,
+    })
+    pad = "x" * max(0, size - 60)
+    producer.list_topics(topic, timeout=10)
+    producer.produce(topic, b"{}", b"warm-up")  # connection and producer id before the clock starts
+    producer.flush(10)
+    t0 = time.monotonic()
+    sent = 0
+    total = int(rate * seconds)
+    while sent < total and not stop.is_set():
+        due = t0 + sent / rate
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        value = orjson.dumps({"source": {"ts_us": time.time_ns() // 1000}, "pad": pad})
+        producer.produce(topic, value, b'{"id":%d}' % sent)
+        producer.poll(0)
+        sent += 1
+    producer.flush(30)
+    return sent
 
 
 def recv(conn: Any, child: multiprocessing.process.BaseProcess, timeout: float) -> dict:
@@ -953,10 +1146,12 @@ def produce_child(conn: Any, client: str, servers: str, topic: str, values: list
             producer.partitions_for(topic)  # metadata before the clock starts
             send = producer.send
             conn.send({"ready": True})
+            threads0 = thread_cpu(os.getpid())
             cpu0, t0 = time.process_time(), time.perf_counter()
             futures = [send(topic, value=value, key=key) for key, value in records]
             producer.flush(timeout=600)
             seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            threads1 = thread_cpu(os.getpid())
             failed = sum(1 for f in futures if not f.is_done or f.exception is not None)
             producer.close(timeout=5)
         else:
@@ -976,6 +1171,7 @@ def produce_child(conn: Any, client: str, servers: str, topic: str, values: list
 
             produce, poll = producer.produce, producer.poll
             conn.send({"ready": True})
+            threads0 = thread_cpu(os.getpid())
             cpu0, t0 = time.process_time(), time.perf_counter()
             for n, (key, value) in enumerate(records):
                 while True:
@@ -988,9 +1184,11 @@ def produce_child(conn: Any, client: str, servers: str, topic: str, values: list
                     poll(0)
             producer.flush(600)
             seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            threads1 = thread_cpu(os.getpid())
             failed = rows - outcome[0]
         maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        conn.send({"seconds": seconds, "cpu_s": cpu, "maxrss_mb": maxrss, "failed": failed, "acked": rows - failed})
+        threads = {k: v - threads0.get(k, 0.0) for k, v in threads1.items()}
+        conn.send({"seconds": seconds, "cpu_s": cpu, "maxrss_mb": maxrss, "failed": failed, "threads": threads})
     except Exception as exc:  # noqa: BLE001 - sent to the parent, which fails the phase
         conn.send({"error": f"{type(exc).__name__}: {exc}"})
 
@@ -1001,7 +1199,7 @@ def produce_child(conn: Any, client: str, servers: str, topic: str, values: list
 _ROOT_FRAMES = re.compile(r"^(<module>|_run_module_as_main|_run_code|main|run|invoke|wrapper|Thread\._bootstrap\w*|Thread\.run)\b")
 
 
-def summarize_profile(path: Path, top: int = 20, idle: bool = False) -> list[str]:
+def summarize_profile(path: Path, top: int = 20, idle: bool = False, seconds: float | None = None) -> list[str]:
     """Self and inclusive shares of a py-spy raw file (`--threads --nolineno`)."""
     if not path.exists():
         return [f"(no profile at {path}: did py-spy fail to attach?)"]
@@ -1027,6 +1225,8 @@ def summarize_profile(path: Path, top: int = 20, idle: bool = False) -> list[str
     if not total:
         return ["(empty profile)"]
     what = "samples (idle included)" if idle else "samples holding the GIL"
+    if seconds and not idle:  # --rate 100: one sample per 10 ms, taken only while a thread holds the GIL
+        what += f" (the GIL was held {min(1.0, total / (100 * seconds)):.0%} of the time)"
     out = [f"{total:,} {what}; by thread: " + ", ".join(f"{t} {c / total:.0%}" for t, c in threads.most_common())]
     out += ["", "| self % | function (file) |", "|---:|---|"]
     out += [f"| {c / total:.1%} | `{frame}` |" for frame, c in self_samples.most_common(top)]
@@ -1053,6 +1253,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-idle", action="store_true", help="profile every thread, waiting ones included, instead of the GIL holder only")
     parser.add_argument("--profile-top", type=int, default=20, help="functions listed per profile table")
     parser.add_argument("--seed", type=int, default=42, help="seed of the workload generator")
+    parser.add_argument("--no-trim", dest="trim", action="store_false",
+                        help="do not delete acknowledged records from the broker while measuring (see the module docstring)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs)")
     args = parser.parse_args(argv)
     args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]

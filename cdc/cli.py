@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -98,7 +98,10 @@ def status(config: Config, as_json: bool) -> None:
 @_with_config
 def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) -> None:
     """Print the events of TABLE's topic (TABLE as schema.table, quoted as SQL quotes it)."""
+    from kafka.errors import KafkaError
+
     from cdc.naming import parse_table_pattern, topic_name
+    from cdc.topics import TopicError
     from compaction.reader import read_topic
 
     try:
@@ -107,8 +110,30 @@ def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) ->
         raise ConfigError(str(exc)) from None
     if pattern.table is None:
         raise ConfigError(f"tail needs one table, not {table}")
-    topic = topic_name(config.topic.prefix, pattern.schema, pattern.table)
-    for record in read_topic(config.topic, topic, follow=follow, from_end=from_end):
+    try:
+        topic = topic_name(config.topic.prefix, pattern.schema, pattern.table)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        _print_records(read_topic(config.topic, topic, follow=follow, from_end=from_end), topic, raw)
+    except KeyboardInterrupt:  # the way to stop --follow
+        return
+    except LookupError as exc:
+        if type(exc) is not LookupError:  # a KeyError or IndexError is a bug, not a missing topic
+            raise
+        raise LookupError(
+            f"topic {topic} does not exist: check the table name and [topic] prefix = {config.topic.prefix} "
+            "(cdc run creates the topics of the tables in [source] tables)"
+        ) from None
+    except KafkaError as exc:
+        raise TopicError(
+            f"cannot read topic {topic} from the Kafka broker at {config.topic.bootstrap_servers} "
+            f"({type(exc).__name__}): start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS"
+        ) from None
+
+
+def _print_records(records: Iterable[Any], topic: str, raw: bool) -> None:
+    for record in records:
         key = record.key.decode(errors="replace") if record.key is not None else None
         value = orjson.loads(record.value) if record.value is not None else None
         if raw:

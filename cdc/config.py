@@ -114,6 +114,12 @@ class Config:
         ):
             if getattr(getattr(self, section), key) < low:
                 raise ConfigError(f"[{section}] {key} must be at least {low}")
+        if self.topic.min_insync_replicas > self.topic.replication_factor:
+            raise ConfigError(
+                f"[topic] min_insync_replicas = {self.topic.min_insync_replicas} is more than replication_factor = "
+                f"{self.topic.replication_factor}, so every write would fail with NotEnoughReplicas: "
+                "lower min_insync_replicas or raise replication_factor"
+            )
         if self.daemon.metrics_port > 65535:
             raise ConfigError("[daemon] metrics_port must be a TCP port (0 to 65535; 0 turns metrics off)")
         if self.daemon.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

@@ -11,14 +11,25 @@ import time
 from dataclasses import dataclass
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cdc.catalog import CapturedTable, Catalog
 from cdc.config import Config
-from cdc.naming import TablePattern, parse_table_pattern, qualified, quote_ident
+from cdc.naming import (
+    TablePattern,
+    find_topic_collisions,
+    parse_table_pattern,
+    qualified,
+    quote_ident,
+    topic_name,
+)
 from cdc.redact import redact_dsn
 from cdc.replication import parse_lsn
 
 log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10
+"""connect_timeout for the catalog connection when the DSN sets none."""
 
 
 class PreflightError(Exception):
@@ -35,12 +46,17 @@ class SlotState:
 
 def connect_catalog(config: Config) -> Catalog:
     try:
-        return Catalog(config.source.dsn)
+        params = conninfo_to_dict(config.source.dsn)
+        # libpq waits for an unanswered connect without limit: a firewalled host must fail, not hang
+        params.setdefault("connect_timeout", str(CONNECT_TIMEOUT_S))
+        return Catalog(make_conninfo(**params))
     except psycopg.Error as exc:
         reason = redact_dsn(str(exc).strip().splitlines()[0]) if str(exc).strip() else type(exc).__name__
+        # The DSN goes last: cli redacts the whole line again, and a masked password followed by
+        # other characters would swallow them.
         raise PreflightError(
-            f"cannot connect to PostgreSQL ({reason}): check [source] dsn / CDC_SOURCE_DSN "
-            f"({redact_dsn(config.source.dsn)})"
+            f"cannot connect to PostgreSQL ({reason}): check [source] dsn / CDC_SOURCE_DSN, now "
+            f"{redact_dsn(config.source.dsn)}"
         ) from None
 
 
@@ -82,7 +98,24 @@ def resolve_tables(catalog: Catalog, config: Config) -> list[CapturedTable]:
                 f"table {table.display} has REPLICA IDENTITY NOTHING, so deletes carry no key: "
                 f"run ALTER TABLE {name} REPLICA IDENTITY DEFAULT (or FULL)"
             )
+    _check_topic_names(config, tables)
     return [_apply_toast_policy(catalog, config, t) for t in tables]
+
+
+def _check_topic_names(config: Config, tables: list[CapturedTable]) -> None:
+    """Every table gets a topic Kafka accepts, and no two of them clash in Kafka's eyes."""
+    by_topic = {}
+    for table in tables:
+        try:
+            by_topic[topic_name(config.topic.prefix, table.schema, table.table)] = table
+        except ValueError as exc:
+            raise PreflightError(str(exc)) from None
+    for first, second in find_topic_collisions(by_topic):
+        raise PreflightError(
+            f"tables {by_topic[first].display} and {by_topic[second].display} would get topics {first} and {second}, "
+            "which Kafka cannot hold side by side ('.' and '_' are the same in its metric names): leave one out "
+            "of [source] tables, or capture it with a second cdc run under another [topic] prefix"
+        )
 
 
 _RELKINDS = {

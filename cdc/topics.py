@@ -6,7 +6,10 @@ so an existing one with another `cleanup.policy` is refused unless the user says
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cdc.config import TopicConfig
@@ -17,6 +20,13 @@ log = logging.getLogger(__name__)
 
 class TopicError(Exception):
     """A broker or topic problem; the message is one line naming the fix."""
+
+
+def _broker_reason(exc: Exception) -> str:
+    """The broker's own error message out of kafka-python's long exception text."""
+    found = re.search(r"error_message=(['\"])(.+?)\1[,)]", str(exc))
+    name = type(exc).__name__
+    return f"{name}: {found.group(2)}" if found else name
 
 
 @dataclass(frozen=True)
@@ -75,10 +85,28 @@ class TopicAdmin:
             )
         return out
 
+    @contextlib.contextmanager
+    def _broker_errors(self, what: str) -> Iterator[None]:
+        """Any other broker failure becomes one TopicError line, not a traceback."""
+        from kafka.errors import KafkaError
+
+        try:
+            yield
+        except KafkaError as exc:
+            raise TopicError(
+                f"the Kafka broker at {self.config.bootstrap_servers} failed to {what} ({_broker_reason(exc)}): "
+                "check that it is up and that this client may describe and create topics "
+                "([topic] security settings, ACLs)"
+            ) from None
+
     def ensure(self, names: list[str]) -> dict[str, TopicInfo]:
         """Create the missing topics compacted; refuse existing non-compacted ones unless allowed."""
+        with self._broker_errors("describe or create the topics"):
+            return self._ensure(names)
+
+    def _ensure(self, names: list[str]) -> dict[str, TopicInfo]:
         from kafka.admin import NewTopic
-        from kafka.errors import TopicAlreadyExistsError
+        from kafka.errors import KafkaError, TopicAlreadyExistsError
 
         infos = self.describe(names)
         for info in infos.values():
@@ -112,6 +140,14 @@ class TopicAdmin:
                     log.info("created topic %s (%d partitions, compacted)", topic.name, self.config.partitions)
                 except TopicAlreadyExistsError:  # another process won the race: check what it made
                     pass
+                except KafkaError as exc:
+                    raise TopicError(
+                        f"the broker refused to create topic {topic.name} ({_broker_reason(exc)}): fix [topic] "
+                        f"partitions = {self.config.partitions}, replication_factor = {self.config.replication_factor}, "
+                        f"min_insync_replicas = {self.config.min_insync_replicas} or max_message_bytes = "
+                        f"{self.config.max_message_bytes} for this cluster, or create the topic yourself "
+                        "with cleanup.policy=compact"
+                    ) from None
             infos.update(self.describe(missing))
             for name in missing:
                 if name not in infos:
@@ -120,6 +156,10 @@ class TopicAdmin:
 
     def end_offsets(self, names: list[str]) -> dict[str, dict[int, int]]:
         """Per topic, per partition, the offset the next record will get."""
+        with self._broker_errors("list the topics' end offsets"):
+            return self._end_offsets(names)
+
+    def _end_offsets(self, names: list[str]) -> dict[str, dict[int, int]]:
         from kafka.admin import OffsetSpec
         from kafka.structs import TopicPartition
 
@@ -136,4 +176,5 @@ class TopicAdmin:
         return out
 
     def topics_with_prefix(self, prefix: str) -> list[str]:
-        return sorted(t for t in self._admin.list_topics() if t.startswith(prefix + "."))
+        with self._broker_errors("list the topics"):
+            return sorted(t for t in self._admin.list_topics() if t.startswith(prefix + "."))

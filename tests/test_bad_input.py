@@ -13,6 +13,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -211,6 +212,11 @@ CONFIG_CASES = {
         '[source]\nslot = "My-Slot"\n', {},
         "[source] slot 'My-Slot' must be lower-case letters, digits and underscores",
     ),
+    "min.insync.replicas above the replication factor": (
+        "[topic]\nmin_insync_replicas = 2\n", {},
+        "[topic] min_insync_replicas = 2 is more than replication_factor = 1, so every write would fail with "
+        "NotEnoughReplicas: lower min_insync_replicas or raise replication_factor",
+    ),
     "streaming without protocol 2": (
         "[source]\nstreaming = true\n", {},
         "[source] streaming needs protocol_version = 2",
@@ -222,15 +228,27 @@ CONFIG_CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def config_results(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """Every config case run at once (each is a separate `cdc run` process; no services needed)."""
+    base = tmp_path_factory.mktemp("config-cases")
+    paths = {}
+    for i, (case, (text, _, _)) in enumerate(CONFIG_CASES.items()):
+        path = paths[case] = base / f"case{i}.toml"
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text, encoding="utf-8")
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        futures = {case: pool.submit(run, paths[case], env=CONFIG_CASES[case][1], timeout=60) for case in CONFIG_CASES}
+        return {case: (paths[case], future.result()) for case, future in futures.items()}
+
+
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
-def test_config_mistakes(case, tmp_path):
-    text, env, expected = CONFIG_CASES[case]
-    path = tmp_path / "cdc.toml"
-    if isinstance(text, bytes):
-        path.write_bytes(text)
-    else:
-        path.write_text(text, encoding="utf-8")
-    message = refused(run(path, env=env, timeout=30))
+def test_config_mistakes(case, config_results):
+    path, result = config_results[case]
+    expected = CONFIG_CASES[case][2]
+    message = refused(result)
     assert expected.format(path=path) in message
     if case == "secret of the wrong type":
         assert "12345" not in message
@@ -269,7 +287,27 @@ def test_postgres_unreachable_names_the_dsn_but_never_the_password(dsn, config_f
     assert time.monotonic() - started < 30
     assert message.startswith("cannot connect to PostgreSQL (")
     assert f'port {port} failed: Connection refused' in message
-    assert "check [source] dsn / CDC_SOURCE_DSN (" in message
+    assert "): check [source] dsn / CDC_SOURCE_DSN, now " in message
+    assert message.endswith(f"cdc:***@127.0.0.1:{port}/app?sslmode=disable" if "://" in dsn
+                            else "dbname=app")  # the redacted DSN, whole
+    assert SECRET not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "dsn, reason",
+    [
+        (f"nonsense password={SECRET}", 'missing "=" after "nonsense" in connection info string'),
+        (f"host=127.0.0.1 port={{port}} dbname={{db}} user=nobody password={SECRET}", 'FATAL:  role "nobody" does not exist'),
+        (f"host=127.0.0.1 port={{port}} dbname=nodb user=postgres password={SECRET}", 'FATAL:  database "nodb" does not exist'),
+        (f"postgresql://postgres:{SECRET}@127.0.0.1:{{port}}/x?connect_timeout=soon", "bad value for connect_timeout: 'soon'"),
+    ],
+    ids=["syntax", "unknown-role", "unknown-database", "bad-option"],
+)
+def test_postgres_refuses_the_dsn(dsn, reason, pg, db, config_for):
+    result = run(config_for(["public.*"], dsn=dsn.format(port=pg.port, db=db.name)))
+    message = refused(result)
+    assert message.startswith("cannot connect to PostgreSQL (")
+    assert reason in message and "check [source] dsn / CDC_SOURCE_DSN, now " in message
     assert SECRET not in result.stdout + result.stderr
 
 
@@ -278,7 +316,7 @@ def test_postgres_unreachable_from_the_environment_hides_the_password(config_for
     config = config_for(["public.*"])
     result = run(config, env={"CDC_SOURCE_DSN": f"host=127.0.0.1 port={port} password={SECRET} dbname=x"})
     message = refused(result)
-    assert "check [source] dsn / CDC_SOURCE_DSN" in message and "password=***" in message
+    assert message.endswith(f"check [source] dsn / CDC_SOURCE_DSN, now host=127.0.0.1 port={port} password=*** dbname=x")
     assert SECRET not in result.stdout + result.stderr
 
 
@@ -418,17 +456,70 @@ def test_table_mistakes(case, db, config_for, topic_prefix, broker_servers):
 
 
 def test_broker_unreachable(db, config_for, topic_prefix):
+    """`cdc run` and `cdc tail` (run side by side: each waits out a client timeout)."""
     db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
     slot = slot_of(topic_prefix)
     before = make_slot(db, slot)
     port = free_port()
     config = config_for(["public.t"], topic={"bootstrap_servers": f"127.0.0.1:{port}"})
-    started = time.monotonic()
-    message = refused(run(config))
-    assert time.monotonic() - started < 30
+
+    def timed(*args: str) -> tuple[float, subprocess.CompletedProcess]:
+        started = time.monotonic()
+        result = cdc(*args, "--config", str(config), timeout=90)
+        return time.monotonic() - started, result
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        running, tailing = pool.submit(timed, "run"), pool.submit(timed, "tail", "public.t")
+        (run_s, run_result), (tail_s, tail_result) = running.result(), tailing.result()
+
+    message = refused(run_result)
+    assert run_s < 30
     assert message.startswith(f"cannot reach the Kafka broker at 127.0.0.1:{port} (")
     assert message.endswith("start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS")
     assert confirmed_lsn(db.dsn, slot) == before
+
+    assert tail_s < 60  # kafka-python's own bootstrap timeout (30 s) bounds it
+    assert refused(tail_result) == (
+        f"cannot read topic {topic_prefix}.public.t from the Kafka broker at 127.0.0.1:{port} (KafkaTimeoutError): "
+        "start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS"
+    )
+
+
+def test_broker_refuses_to_create_the_topic(db, config_for, topic_prefix):
+    """A single-broker cluster cannot hold 3 replicas: the broker's reason, and what to change."""
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    message = refused(run(config_for(["public.t"], topic={"replication_factor": 3, "min_insync_replicas": 2})))
+    topic = topic_name(topic_prefix, "public", "t")
+    assert message.startswith(f"the broker refused to create topic {topic} (InvalidReplicationFactorError")
+    assert message.endswith(
+        "): fix [topic] partitions = 3, replication_factor = 3, min_insync_replicas = 2 or max_message_bytes = 1048588 "
+        "for this cluster, or create the topic yourself with cleanup.policy=compact"
+    )
+    assert db.fetchall("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot_of(topic_prefix),)) == [(0,)]
+
+
+def test_table_whose_topic_name_is_too_long(db, config_for, topic_prefix):
+    name = "é" * 31  # 62 bytes, 186 characters once escaped for Kafka
+    db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    db.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(name, name)))
+    message = refused(run(config_for([f'"{name}".*'])))
+    assert message == (
+        f'topic for table "{name}"."{name}" would be {len(topic_prefix) + 2 + 2 * 186} characters, over Kafka\'s '
+        "limit of 249: no prefix is short enough; leave this table out of the capture or rename it"
+    )
+
+
+def test_tables_whose_topics_clash_in_kafka(db, config_for, topic_prefix):
+    db.execute("CREATE SCHEMA s")
+    db.execute("CREATE SCHEMA s_a")
+    db.execute("CREATE TABLE s.a_b (id int PRIMARY KEY)")
+    db.execute("CREATE TABLE s_a.b (id int PRIMARY KEY)")
+    message = refused(run(config_for(["s.*", "s_a.*"])))
+    assert message == (
+        f"tables s.a_b and s_a.b would get topics {topic_prefix}.s.a_b and {topic_prefix}.s_a.b, which Kafka "
+        "cannot hold side by side ('.' and '_' are the same in its metric names): leave one out of [source] tables, "
+        "or capture it with a second cdc run under another [topic] prefix"
+    )
 
 
 # ------------------------------------------------------------------ 7. non-compacted topic
@@ -616,7 +707,10 @@ def test_odd_identifiers_are_captured(db, config_for, topic_prefix, broker_serve
 def test_tail_of_a_table_without_topic(config_for, topic_prefix):
     config = config_for(["public.*"])
     message = refused(cdc("tail", "public.nothing_here", "--config", str(config), timeout=60))
-    assert message.startswith(f"topic {topic_prefix}.public.nothing_here does not exist")
+    assert message == (
+        f"topic {topic_prefix}.public.nothing_here does not exist: check the table name and [topic] prefix = "
+        f"{topic_prefix} (cdc run creates the topics of the tables in [source] tables)"
+    )
 
 
 def test_tail_needs_one_table(config_for):

@@ -1,0 +1,308 @@
+"""The configuration, pure and fast: defaults, file + environment precedence, errors, secrets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cdc.cli import main
+from cdc.config import Config, ConfigError, as_dict, load
+from cdc.redact import redact_dsn
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cdc.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------- defaults
+
+
+def test_defaults_without_file_or_environment():
+    config = load(None, environ={})
+    assert config == Config()
+    assert config.source.dsn == "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+    assert (config.source.slot, config.source.publication, config.source.tables) == ("cdc", "cdc", ["public.*"])
+    assert (config.source.protocol_version, config.source.streaming) == (1, False)
+    assert config.topic.bootstrap_servers == "127.0.0.1:9092"
+    assert (config.topic.prefix, config.topic.partitions, config.topic.replication_factor) == ("cdc", 3, 1)
+    assert config.topic.allow_non_compacted is False
+    assert config.events.schemas is False
+    assert (config.daemon.metrics_port, config.daemon.log_level) == (0, "INFO")
+
+
+def test_empty_file_is_the_defaults(tmp_path):
+    assert load(write(tmp_path, ""), environ={}) == Config()
+
+
+def test_list_defaults_are_not_shared():
+    a, b = Config(), Config()
+    a.source.tables.append("x.y")
+    assert b.source.tables == ["public.*"]
+
+
+# ------------------------------------------------------------------ file + environment
+
+
+def test_file_values(tmp_path):
+    path = write(tmp_path, """
+[source]
+dsn = "host=db user=cdc dbname=app"
+tables = ["public.orders", '"My Schema".*']
+streaming = true
+protocol_version = 2
+slot_wait_s = 2
+
+[topic]
+prefix = "dbserver1"
+partitions = 6
+allow_non_compacted = true
+
+[events]
+schemas = true
+""")
+    config = load(path, environ={})
+    assert config.source.dsn == "host=db user=cdc dbname=app"
+    assert config.source.tables == ["public.orders", '"My Schema".*']
+    assert (config.source.streaming, config.source.protocol_version) == (True, 2)
+    assert config.source.slot_wait_s == 2.0 and isinstance(config.source.slot_wait_s, float)
+    assert (config.topic.prefix, config.topic.partitions, config.topic.allow_non_compacted) == ("dbserver1", 6, True)
+    assert config.events.schemas is True
+
+
+def test_environment_overrides_the_file(tmp_path):
+    path = write(tmp_path, '[source]\ndsn = "host=file"\nslot = "from_file"\n[topic]\npartitions = 6\n')
+    config = load(path, environ={"CDC_SOURCE_DSN": "host=env dbname=x", "CDC_TOPIC_PARTITIONS": "12"})
+    assert config.source.dsn == "host=env dbname=x"  # env wins
+    assert config.topic.partitions == 12
+    assert config.source.slot == "from_file"  # not overridden: the file's value stays
+
+
+def test_environment_without_a_file():
+    config = load(None, environ={"CDC_SOURCE_DSN": "postgresql://u@h/db", "CDC_TOPIC_PREFIX": "p1"})
+    assert (config.source.dsn, config.topic.prefix) == ("postgresql://u@h/db", "p1")
+
+
+def test_load_reads_os_environ_by_default(monkeypatch):
+    monkeypatch.setenv("CDC_TOPIC_PREFIX", "from_os")
+    assert load().topic.prefix == "from_os"
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ('public.a, "x,y".b', ["public.a", '"x,y".b']),  # commas inside quotes belong to the name
+        ('["a.b"]', ["a.b"]),  # a TOML/JSON array
+        ('["a.b", "\\"q,r\\".*"]', ["a.b", '"q,r".*']),
+        ("public.a,", ["public.a"]),  # empty items are dropped
+        ("  public.a ,public.b  ", ["public.a", "public.b"]),
+    ],
+)
+def test_environment_table_lists(value, expected):
+    assert load(None, environ={"CDC_SOURCE_TABLES": value}).source.tables == expected
+
+
+def test_environment_table_list_that_is_empty():
+    with pytest.raises(ConfigError, match=r"^\[source\] tables is empty: list the tables to capture"):
+        load(None, environ={"CDC_SOURCE_TABLES": " , "})
+
+
+def test_environment_table_list_with_non_strings():
+    with pytest.raises(ConfigError) as err:
+        load(None, environ={"CDC_SOURCE_TABLES": "[1, 2]"})
+    assert str(err.value) == (
+        "CDC_SOURCE_TABLES = '[1, 2]' is not a list of strings: set it to one, e.g. CDC_SOURCE_TABLES=public.*"
+    )
+
+
+@pytest.mark.parametrize("text", ["1", "true", "TRUE", "yes", "on", " On "])
+def test_environment_booleans_true(text):
+    assert load(None, environ={"CDC_EVENTS_SCHEMAS": text}).events.schemas is True
+
+
+@pytest.mark.parametrize("text", ["0", "false", "False", "no", "off"])
+def test_environment_booleans_false(text, tmp_path):
+    path = write(tmp_path, "[events]\nschemas = true\n")
+    assert load(path, environ={"CDC_EVENTS_SCHEMAS": text}).events.schemas is False
+
+
+def test_environment_boolean_that_is_neither():
+    with pytest.raises(ConfigError) as err:
+        load(None, environ={"CDC_EVENTS_SCHEMAS": "maybe"})
+    assert str(err.value) == "CDC_EVENTS_SCHEMAS = 'maybe' is not true or false: set it to one, e.g. CDC_EVENTS_SCHEMAS=false"
+
+
+def test_file_booleans_must_be_toml_booleans(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load(write(tmp_path, "[events]\nschemas = 1\n"), environ={})
+    assert str(err.value) == "[events] schemas = 1 is not true or false: set it to one, e.g. schemas = false"
+
+
+def test_environment_numbers():
+    config = load(None, environ={"CDC_TOPIC_PARTITIONS": " 7 ", "CDC_SOURCE_SLOT_WAIT_S": "0.5"})
+    assert (config.topic.partitions, config.source.slot_wait_s) == (7, 0.5)
+
+
+def test_unrelated_environment_is_ignored():
+    """Other tools' CDC_* variables (tests, local services) are not config keys."""
+    environ = {"CDC_PG_BIN": "/x", "CDC_TEST_BOOTSTRAP_SERVERS": "h:1", "CDC_NOIDA_DB_BIN": "/y", "CDCX": "1"}
+    assert load(None, environ=environ) == Config()
+
+
+def test_misspelt_environment_variable_is_an_error():
+    with pytest.raises(ConfigError) as err:
+        load(None, environ={"CDC_TOPIC_PARTITION": "6"})
+    assert str(err.value) == (
+        "unknown environment variable CDC_TOPIC_PARTITION: did you mean CDC_TOPIC_PARTITIONS? "
+        "(remove it or fix the spelling)"
+    )
+
+
+def test_lower_case_environment_variable_is_an_error():
+    """Variable names are case-sensitive: the lower-case one would be silently ignored."""
+    with pytest.raises(ConfigError, match="did you mean CDC_TOPIC_PREFIX"):
+        load(None, environ={"CDC_TOPIC_prefix": "x"})
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("[topic]\nprefixx = 'a'\n", "unknown key 'prefixx' in [topic]: did you mean 'prefix'? (remove it or fix the spelling)"),
+        ("[daemon]\nzzz = 1\n", "unknown key 'zzz' in [daemon]: remove it (known keys: log_level, max_pending_records, "
+                                "metrics_host, metrics_port, spill_dir)"),
+        ("[topics]\n", "unknown section [topics] in {path}: did you mean [topic]? (remove it or fix the spelling)"),
+        ("[topic]\npartitions = 'x'\n", "[topic] partitions = 'x' is not a whole number: set it to one, e.g. partitions = 3"),
+        ("[topic]\npartitions = 2.5\n", "[topic] partitions = 2.5 is not a whole number: set it to one, e.g. partitions = 3"),
+        ("[topic]\npartitions = true\n", "[topic] partitions = true is not a whole number: set it to one, e.g. partitions = 3"),
+        ("[topic]\npartitions = 0\n", "[topic] partitions must be at least 1"),
+        ("[topic]\nprefix = 7\n", '[topic] prefix = 7 is not a string: set it to one, e.g. prefix = "cdc"'),
+        ("[source]\ntables = 'public.x'\n", None),  # a single string is a one-item list
+        ("[source]\ntables = [1]\n", '[source] tables = [1] is not a list of strings: set it to one, e.g. tables = ["public.*"]'),
+        ("[source]\ntables = ['public']\n", "table pattern 'public' has no schema: write it as schema.table, e.g. public.orders"),
+        ("[source]\ntables = ['*.x']\n", "table pattern '*.x' has a wildcard schema"),
+        ("[source]\nprotocol_version = 3\n", "[source] protocol_version must be 1 or 2"),
+        ("[source]\nslot_wait_s = -1\n", "[source] slot_wait_s must be at least 0"),
+        ("[daemon]\nmetrics_port = 70000\n", "[daemon] metrics_port must be a TCP port (0 to 65535; 0 turns metrics off)"),
+        ("[topic]\nclient = 'librdkafka'\n", '[topic] client must be "kafka-python" or "confluent"'),
+        ("[topic]\nbootstrap_servers = ' '\n", "[topic] bootstrap_servers is empty: set it to host:port of the broker"),
+        ("[topic]\nprefix = ''\n", "topic prefix is empty: set it to a short name, e.g. dbserver1"),
+        ("[source]\npublication = 'a-b'\n", "[source] publication 'a-b' must be lower-case letters"),
+        ("topic = 'x'\n", "[topic] in {path} must be a table: write it as a [topic] section"),
+    ],
+)
+def test_file_errors(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    if expected is None:
+        load(path, environ={})
+        return
+    with pytest.raises(ConfigError) as err:
+        load(path, environ={})
+    message = str(err.value)
+    assert message.startswith(expected.format(path=path)), message
+    assert "\n" not in message
+
+
+def test_missing_and_unreadable_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"not found: pass an existing file to --config$"):
+        load(tmp_path / "absent.toml", environ={})
+    with pytest.raises(ConfigError, match=r"\(Is a directory\): pass a readable TOML file to --config$"):
+        load(tmp_path, environ={})
+    (tmp_path / "latin1.toml").write_bytes(b"# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text: save it as UTF-8$"):
+        load(tmp_path / "latin1.toml", environ={})
+    with pytest.raises(ConfigError, match=r"is not valid TOML: "):
+        load(write(tmp_path, "[topic\n"), environ={})
+
+
+def test_secret_values_never_appear_in_errors(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load(write(tmp_path, "[topic]\nsasl_password = 424242\n"), environ={})
+    assert "424242" not in str(err.value) and "<hidden>" in str(err.value)
+
+
+# ----------------------------------------------------------------- secrets in output
+
+
+@pytest.mark.parametrize(
+    "dsn, shown",
+    [
+        ("host=db user=cdc password=s3cret dbname=app", "host=db user=cdc password=*** dbname=app"),
+        ("host=db password='s3 cret' dbname=app", "host=db password=*** dbname=app"),
+        ("postgresql://cdc:s3cret@db:5432/app", "postgresql://cdc:***@db:5432/app"),
+        ("postgres://cdc:s3cret@db/app?sslmode=require", "postgres://cdc:***@db/app?sslmode=require"),
+        ("host=db user=cdc dbname=app", "host=db user=cdc dbname=app"),
+    ],
+)
+def test_as_dict_masks_secrets(dsn, shown):
+    config = load(None, environ={"CDC_SOURCE_DSN": dsn, "CDC_TOPIC_SASL_PASSWORD": "kafka-s3cret"})
+    out = as_dict(config)
+    assert out["source"]["dsn"] == shown
+    assert out["topic"]["sasl_password"] == "<hidden>"
+    assert "s3cret" not in json.dumps(out)
+    raw = as_dict(config, hide_secrets=False)
+    assert (raw["source"]["dsn"], raw["topic"]["sasl_password"]) == (dsn, "kafka-s3cret")
+    assert config.source.dsn == dsn  # masking works on a copy
+
+
+def test_as_dict_leaves_an_empty_sasl_password_empty():
+    assert as_dict(Config())["topic"]["sasl_password"] == ""
+
+
+def test_cdc_config_prints_the_masked_configuration(tmp_path):
+    path = write(tmp_path, '[source]\ndsn = "postgresql://cdc:s3cret@db/app"\n[topic]\nsasl_password = "k-s3cret"\n')
+    result = CliRunner().invoke(main, ["config", "--config", str(path)], env={"CDC_TOPIC_PARTITIONS": "9"})
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["source"]["dsn"] == "postgresql://cdc:***@db/app"
+    assert out["topic"]["sasl_password"] == "<hidden>"
+    assert out["topic"]["partitions"] == 9
+    assert "s3cret" not in result.output
+
+
+def test_cdc_config_error_is_one_line(tmp_path):
+    path = write(tmp_path, "[topic]\npartitions = 'many'\n")
+    result = CliRunner().invoke(main, ["config", "--config", str(path)])
+    assert result.exit_code == 1
+    assert result.output == (
+        "error: [topic] partitions = 'many' is not a whole number: set it to one, e.g. partitions = 3\n"
+    )
+
+
+# --------------------------------------------------------------------------- redaction
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("password=s3cret", "password=***"),
+        ("host=h PASSWORD = s3cret port=5", "host=h PASSWORD = *** port=5"),
+        ("host=h password='s3 cr\\'et' port=5", "host=h password=*** port=5"),
+        ("postgresql://u:s3cret@h:5432/db", "postgresql://u:***@h:5432/db"),
+        ("postgresql://u:p%40ss@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),  # no password: unchanged
+        ("postgresql://h/db?password=s3cret", "postgresql://h/db?password=***"),
+        ("failed (dsn was postgresql://u:s3cret@h/db) and host=h password=x2", "failed (dsn was postgresql://u:***@h/db) and host=h password=***"),
+        ("no secrets here", "no secrets here"),
+    ],
+)
+def test_redact_dsn(text, expected):
+    assert redact_dsn(text) == expected
+
+
+def test_redact_dsn_is_idempotent_on_a_whole_dsn():
+    for dsn in ("host=h password=s3cret", "postgresql://u:s3cret@h/db", "host=h password='a b'"):
+        once = redact_dsn(dsn)
+        assert redact_dsn(once) == once and "s3cret" not in once
+
+
+@pytest.mark.xfail(strict=True, reason="cdc/redact.py: the key=value pattern also matches '&password=' in a URI "
+                   "query and swallows the parameters after it (over-masking, no leak)")
+def test_redact_dsn_keeps_query_parameters_after_the_password():
+    assert redact_dsn("postgresql://h/db?password=s3cret&sslmode=require") == "postgresql://h/db?password=***&sslmode=require"
