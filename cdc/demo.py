@@ -131,5 +131,5 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(60)
         broker.stop()
-        pg.stop()
+        pg.close()  # stops the server and removes a cluster that had to live outside `base`
     _step(f"done: logs in {base}")

@@ -85,9 +85,24 @@ def resolve_tables(catalog: Catalog, config: Config) -> list[CapturedTable]:
     role = catalog.conn.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
     for table in tables:
         name = qualified(table.schema, table.table)
-        allowed = catalog.conn.execute("SELECT has_table_privilege(%s, 'SELECT')", (table.oid,)).fetchone()[0]  # type: ignore[index]
+        usage, allowed, persistence = catalog.conn.execute(
+            "SELECT has_schema_privilege(relnamespace, 'USAGE'), has_table_privilege(oid, 'SELECT'), "
+            "relpersistence::text FROM pg_class WHERE oid = %s",
+            (table.oid,),
+        ).fetchone()  # type: ignore[misc]
+        if not usage:
+            raise PreflightError(
+                f"role {role} lacks USAGE on schema {quote_ident(table.schema)}, so it cannot read {table.display}: "
+                f"run GRANT USAGE ON SCHEMA {quote_ident(table.schema)} TO {quote_ident(role)}"
+            )
         if not allowed:
             raise PreflightError(f"role {role} lacks SELECT on {table.display}: run GRANT SELECT ON {name} TO {quote_ident(role)}")
+        if persistence != "p":
+            kind = "UNLOGGED" if persistence == "u" else "TEMPORARY"
+            raise PreflightError(
+                f"table {table.display} is {kind}, so its changes never reach the WAL and logical decoding cannot "
+                f"see them: run ALTER TABLE {name} SET LOGGED, or leave it out of [source] tables"
+            )
         if not table.key_columns:
             raise PreflightError(
                 f"table {table.display} has no primary key and no replica identity index, so its rows have no key "

@@ -370,6 +370,17 @@ def test_role_without_select(db, role, config_for, topic_prefix):
     assert confirmed_lsn(db.dsn, slot) == before
 
 
+def test_role_without_usage_on_the_schema(db, role, config_for):
+    db.execute("CREATE SCHEMA app")
+    db.execute("CREATE TABLE app.t (id int PRIMARY KEY)")
+    name = role("REPLICATION")
+    db.execute(sql.SQL("GRANT SELECT ON app.t TO {}").format(sql.Identifier(name)))
+    message = refused(run(config_for(["app.t"], dsn=as_user(db.dsn, name))))
+    assert message == (
+        f'role {name} lacks USAGE on schema "app", so it cannot read app.t: run GRANT USAGE ON SCHEMA "app" TO "{name}"'
+    )
+
+
 def test_role_that_cannot_create_the_publication(db, role, config_for, topic_prefix):
     db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
     name = role("REPLICATION")
@@ -428,6 +439,12 @@ TABLE_CASES = {
         ["public.m_1"],
         "table public.m_1 is a partition of public.m: partitions publish through their root table, "
         "so list public.m in [source] tables instead",
+    ),
+    "unlogged table": (
+        "CREATE TABLE public.t (id int PRIMARY KEY); CREATE UNLOGGED TABLE public.scratch (id int PRIMARY KEY)",
+        ["public.*"],
+        "table public.scratch is UNLOGGED, so its changes never reach the WAL and logical decoding cannot see them: "
+        'run ALTER TABLE "public"."scratch" SET LOGGED, or leave it out of [source] tables',
     ),
     "replica identity nothing": (
         "CREATE TABLE public.t (id int PRIMARY KEY); ALTER TABLE public.t REPLICA IDENTITY NOTHING",
