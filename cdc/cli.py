@@ -55,7 +55,27 @@ def _setup_logging(level: str) -> None:
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Usage mistakes (unknown verb or option, missing argument) end like every other user
+    error: one `error: ...` line pointing at --help and exit 1, not click's three-line form."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `cdc`: the help, as click shows it
+                exc.show()
+                sys.exit(exc.exit_code)
+            where = exc.ctx.command_path if exc.ctx is not None else "cdc"
+            _fail(f"{exc.format_message().rstrip('.')} (run {where} --help)")
+        except click.ClickException as exc:
+            _fail(exc.format_message())
+        except click.Abort:
+            _fail("aborted")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cdc")
 def main() -> None:
     """Change data capture: PostgreSQL logical decoding into compacted Kafka topics.
@@ -72,10 +92,17 @@ def run(config: Config) -> None:
     Creates the publication, the slot and the compacted topics when absent. The slot's
     LSN is confirmed only after the broker acknowledged every record up to it, so a
     restart resumes with nothing lost."""
+    import psycopg
+
     from cdc.daemon import Daemon
+    from cdc.preflight import start_failure
+    from cdc.replication import ReplicationLost
 
     daemon = Daemon(config)
-    daemon.prepare()
+    try:
+        daemon.prepare()
+    except (psycopg.Error, ReplicationLost) as exc:  # what the checks cannot foresee: full slots, ...
+        raise start_failure(config, exc) from None
     sys.exit(daemon.run())
 
 

@@ -176,6 +176,18 @@ class Daemon:
                     self._stream()
                 except (ReplicationLost, psycopg.OperationalError) as exc:
                     self.metrics.errors.labels("replication").inc()
+                    if "does not exist" in str(exc):
+                        raise FatalError(
+                            f"streaming stopped ({_first_line(exc)}): changes after LSN {format_lsn(self.confirmed)} "
+                            "were not captured; check [source] slot and publication, then start again with a fresh "
+                            "snapshot of the tables (cdc run recreates a missing slot and publication)"
+                        ) from None
+                    if any(mark in str(exc) for mark in _SLOT_LOST):
+                        raise FatalError(
+                            f"slot {cfg.source.slot} can no longer stream ({_first_line(exc)}): its WAL is gone; "
+                            f"drop it with SELECT pg_drop_replication_slot('{cfg.source.slot}') and start again "
+                            "with a fresh snapshot of the tables"
+                        ) from None
                     self._close_replication()
                     self._drain(cfg.topic.delivery_timeout_ms / 1000)
                     self._sleep(repl_backoff.failed(_first_line(exc)))
@@ -425,6 +437,8 @@ class Daemon:
         signal.signal(signal.SIGINT, stop)
 
 
+# walsender errors after which retrying cannot help: the slot lost its WAL
+_SLOT_LOST = ("can no longer get changes", "has been invalidated")
 _FATAL = (FatalError, NoKey, KeyUnavailable, RecordTooLarge)
 
 

@@ -284,3 +284,24 @@ def check_slot(catalog: Catalog, config: Config) -> SlotState:
                 "or set [source] slot to another name"
             )
         time.sleep(0.2)
+
+
+def start_failure(config: Config, exc: BaseException) -> PreflightError:
+    """A PostgreSQL error during start-up (after the checks above), as one line naming the fix."""
+    text = redact_dsn(str(exc).strip()).replace("FATAL:  ", "").replace("ERROR:  ", "")
+    first = text.splitlines()[0] if text else type(exc).__name__
+    slot = config.source.slot
+    if "replication slots are in use" in text:
+        return PreflightError(
+            f"cannot create slot {slot}: {first}: drop a slot nobody uses (see SELECT slot_name, active FROM "
+            "pg_replication_slots) or raise max_replication_slots and restart PostgreSQL"
+        )
+    if "max_wal_senders" in text:
+        return PreflightError(
+            f"cannot open a replication connection: {first}: stop a replication client nobody needs "
+            "(see pg_stat_replication) or raise max_wal_senders and restart PostgreSQL"
+        )
+    return PreflightError(
+        f"PostgreSQL failed while setting up slot {slot} ({first}): fix the cause named here (the server log "
+        "has the details) and run again; nothing was streamed"
+    )

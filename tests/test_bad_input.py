@@ -642,10 +642,14 @@ def test_second_daemon_on_the_same_slot(db, config_for, topic_prefix, tmp_path):
 # ------------------------------------------------------------------ 9. lost slot
 
 
-@pytest.fixture
-def small_wal_pg(tmp_path) -> Iterator[LocalPostgres]:
-    """A cluster that invalidates a slot as soon as it holds back more than 1 MB of WAL."""
-    cluster = LocalPostgres(tmp_path / "pg-small-wal", settings={"max_slot_wal_keep_size": "1MB"})
+@pytest.fixture(scope="module")
+def tight_pg(tmp_path_factory) -> Iterator[LocalPostgres]:
+    """A cluster with tight limits: a slot is invalidated as soon as it holds back more than 1 MB
+    of WAL, two slots at most, one walsender at most. Each test uses its own database."""
+    cluster = LocalPostgres(
+        tmp_path_factory.mktemp("pg-tight"),
+        settings={"max_slot_wal_keep_size": "1MB", "max_replication_slots": "2", "max_wal_senders": "1"},
+    )
     cluster.start()
     try:
         yield cluster
@@ -653,12 +657,23 @@ def small_wal_pg(tmp_path) -> Iterator[LocalPostgres]:
         cluster.close()
 
 
-def test_lost_slot_says_how_to_recover(small_wal_pg, tmp_path, broker_servers, topic_prefix):
-    small_wal_pg.create_database("app")
-    dsn = small_wal_pg.dsn("app")
-    slot = slot_of(topic_prefix)
+@pytest.fixture
+def tight_db(tight_pg, request) -> Iterator[str]:
+    """A database of its own on the tight cluster (dropped with its slots); returns its DSN."""
+    name = "t_" + uuid.uuid4().hex[:10]
+    dsn = tight_pg.create_database(name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.t (id serial PRIMARY KEY, v text)")
+    try:
+        yield dsn
+    finally:
+        tight_pg.drop_database(name)
+
+
+def test_lost_slot_says_how_to_recover(tight_db, tmp_path, broker_servers, topic_prefix):
+    dsn = tight_db
+    slot = slot_of(topic_prefix)
+    with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         before = confirmed_lsn(dsn, slot)
 
@@ -682,6 +697,32 @@ def test_lost_slot_says_how_to_recover(small_wal_pg, tmp_path, broker_servers, t
         assert conn.execute(
             "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)
         ).fetchall() == [("lost",)]
+
+
+def test_all_replication_slots_in_use(tight_db, tmp_path, broker_servers, topic_prefix):
+    with psycopg.connect(tight_db, autocommit=True) as conn:
+        for other in ("other_1", "other_2"):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (other,))
+    config = write_config(tmp_path / "cdc.toml", tight_db, broker_servers, topic_prefix, ["public.t"])
+    message = refused(run(config))
+    assert message == (
+        f"cannot create slot {slot_of(topic_prefix)}: all replication slots are in use: drop a slot nobody uses "
+        "(see SELECT slot_name, active FROM pg_replication_slots) or raise max_replication_slots and restart PostgreSQL"
+    )
+
+
+def test_all_wal_senders_in_use(tight_db, tmp_path, broker_servers, topic_prefix):
+    holder = ReplicationConnection(tight_db)  # the cluster's only walsender
+    try:
+        config = write_config(tmp_path / "cdc.toml", tight_db, broker_servers, topic_prefix, ["public.t"])
+        message = refused(run(config))
+    finally:
+        holder.close()
+    assert message.startswith("cannot open a replication connection: ")
+    assert "number of requested standby connections exceeds max_wal_senders (currently 1)" in message
+    assert message.endswith(
+        ": stop a replication client nobody needs (see pg_stat_replication) or raise max_wal_senders and restart PostgreSQL"
+    )
 
 
 # ------------------------------------------------------------------ 10. odd identifiers
@@ -760,7 +801,15 @@ def test_help(args, expected):
         assert text in result.stdout, result.stdout
 
 
-def test_unknown_verb_is_a_usage_error():
-    result = cdc("runn", timeout=30)
-    assert result.returncode == 2
-    assert "No such command 'runn'" in result.stderr
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["runn"], "No such command 'runn'. Did you mean 'run'? (run python -m cdc --help)"),
+        (["run", "--bogus"], "No such option '--bogus' (run python -m cdc run --help)"),
+        (["tail"], "Missing argument 'TABLE' (run python -m cdc tail --help)"),
+        (["status", "--config"], "Option '--config' requires an argument (run "),
+    ],
+    ids=["unknown-verb", "unknown-option", "missing-argument", "option-without-value"],
+)
+def test_usage_mistakes(args, expected):
+    assert refused(cdc(*args, timeout=30)).startswith(expected)

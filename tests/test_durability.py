@@ -190,3 +190,25 @@ def test_producer_error_mid_batch_rewinds(tmp_path, db, broker_servers, topic_pr
     assert len(factories) == 2  # the failure dropped the first producer: a rewind, not a lone retry
     assert daemon.metrics.errors.labels("producer")._value.get() == 1
     assert_topic_equals_source(db, broker_servers, topic_prefix)
+
+
+def test_slot_dropped_underneath_stops_with_the_recovery_steps(tmp_path, db, broker_servers, topic_prefix):
+    db.execute("CREATE TABLE public.acct (id int PRIMARY KEY, v int NOT NULL, note text)")
+    config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.acct"])
+    slot = "s_" + topic_prefix.lower()
+    daemon = DaemonProcess(config, tmp_path / "daemon.log").start()
+    wait_for(lambda: db.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)), 60, "start")
+
+    def drop() -> bool:
+        db.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        try:
+            db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        except psycopg.errors.ObjectInUse:  # the daemon reconnected first: try again
+            return False
+        return True
+
+    wait_for(drop, 30, "the slot to be dropped")
+    assert daemon.wait(60) == 1
+    out = daemon.output()
+    assert f'replication slot "{slot}" does not exist' in out
+    assert "were not captured; check [source] slot and publication, then start again with a fresh snapshot" in out
