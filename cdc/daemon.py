@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -205,7 +206,7 @@ class Daemon:
         except _FATAL as exc:
             log.error("%s", exc)
             self._stop_after_fatal()
-            print(f"error: {exc}", flush=True)
+            print(f"error: {exc}", file=sys.stderr, flush=True)
             return 1
 
     def _stream(self) -> None:

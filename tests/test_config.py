@@ -302,7 +302,5 @@ def test_redact_dsn_is_idempotent_on_a_whole_dsn():
         assert redact_dsn(once) == once and "s3cret" not in once
 
 
-@pytest.mark.xfail(strict=True, reason="cdc/redact.py: the key=value pattern also matches '&password=' in a URI "
-                   "query and swallows the parameters after it (over-masking, no leak)")
 def test_redact_dsn_keeps_query_parameters_after_the_password():
     assert redact_dsn("postgresql://h/db?password=s3cret&sslmode=require") == "postgresql://h/db?password=***&sslmode=require"
