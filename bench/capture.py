@@ -692,9 +692,8 @@ class Bench:
             time.sleep(1.0)
             trimmer = self.trimmer(broker, topic, keep=0, safe=consumer.position)
             sizes = [len(v) for v in self.samples] or [550]
-            t0 = time.monotonic()
-            sent = paced_produce(broker.bootstrap_servers, topic, rate, seconds, sum(sizes) // len(sizes), stop)
-            achieved = sent / (time.monotonic() - t0)
+            sent, elapsed = paced_produce(broker.bootstrap_servers, topic, rate, seconds, sum(sizes) // len(sizes), stop)
+            achieved = sent / elapsed
             deadline = time.monotonic() + 30
             while consumer.count < sent and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -947,7 +946,7 @@ def create_topic(servers: str, topic: str, policy: str = "compact") -> None:
     """A topic configured like the ones cdc creates (3 partitions; compact, or compact,delete to trim)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": servers})
+    admin = AdminClient({"bootstrap.servers": servers, "log_level": 4})
     config = {"cleanup.policy": policy, "min.insync.replicas": "1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}
     for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)]).values():
         future.result(30)
@@ -971,8 +970,8 @@ class Trimmer(threading.Thread):
         from confluent_kafka import Consumer, TopicPartition
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.servers})
-        offsets = Consumer({"bootstrap.servers": self.servers, "group.id": f"bench-trim-{self.topic}"})
+        admin = AdminClient({"bootstrap.servers": self.servers, "log_level": 4})
+        offsets = Consumer({"bootstrap.servers": self.servers, "group.id": f"bench-trim-{self.topic}", "log_level": 4})
         low = dict.fromkeys(range(PARTITIONS), 0)
         try:
             while not self.stopping.wait(self.interval):
@@ -1007,7 +1006,7 @@ def read_topic_summary(servers: str, topic: str, sample: int) -> tuple[int, list
 
     consumer = Consumer({
         "bootstrap.servers": servers, "group.id": f"bench-sample-{os.getpid()}", "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
+        "auto.offset.reset": "earliest", "log_level": 4,
     })
     try:
         total, available, start = 0, 0, []
@@ -1075,6 +1074,8 @@ class LatencyConsumer(threading.Thread):
                         continue
                     event = orjson.loads(msg.value())
                     payload = event.get("payload", event) if "schema" in event else event
+                    if not isinstance(payload, dict) or "source" not in payload:
+                        continue  # the floor producer's warm-up record
                     kind, ts = msg.timestamp()
                     self.timestamp_type = kinds.get(kind, "none")
                     self.samples.append((now_us, float(ts) if kind in kinds else None, int(payload["source"]["ts_us"])))
@@ -1086,7 +1087,7 @@ class LatencyConsumer(threading.Thread):
             consumer.close()
 
 
-def paced_produce(servers: str, topic: str, rate: int, seconds: float, size: int, stop: threading.Event) -> int:
+def paced_produce(servers: str, topic: str, rate: int, seconds: float, size: int, stop: threading.Event) -> tuple[int, float]:
     """The broker's own latency floor: confluent-kafka configured like cdc, `rate` records/s,
     each carrying its send time where cdc puts the commit time (source.ts_us)."""
     from confluent_kafka import Producer
@@ -1111,8 +1112,9 @@ def paced_produce(servers: str, topic: str, rate: int, seconds: float, size: int
         producer.produce(topic, value, b'{"id":%d}' % sent)
         producer.poll(0)
         sent += 1
+    elapsed = time.monotonic() - t0
     producer.flush(30)
-    return sent
+    return sent, elapsed
 
 
 def recv(conn: Any, child: multiprocessing.process.BaseProcess, timeout: float) -> dict:

@@ -201,11 +201,12 @@ class Daemon:
                     log.error("producer error (%s): rewinding to the last confirmed LSN %s", _first_line(exc), format_lsn(self.confirmed))
                     self._rewind()
                     self._sleep(broker_backoff.failed(_first_line(exc)))
-            self._shutdown()
+            log.info("stopping: flushing and confirming")
+            self._finish(cfg.topic.delivery_timeout_ms / 1000)
             return 0
         except _FATAL as exc:
             log.error("%s", exc)
-            self._stop_after_fatal()
+            self._finish(10)
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return 1
 
@@ -395,10 +396,10 @@ class Daemon:
             self.repl.close()
             self.repl = None
 
-    def _shutdown(self) -> None:
-        log.info("stopping: flushing and confirming")
+    def _finish(self, timeout_s: float) -> None:
+        """Wait for outstanding acknowledgements, confirm what was acknowledged, let go."""
         try:
-            self._drain(self.config.topic.delivery_timeout_ms / 1000)
+            self._drain(timeout_s)
         except ProducerError as exc:
             log.error("records not acknowledged at shutdown (%s): they will be sent again on restart", exc)
         try:
@@ -409,20 +410,6 @@ class Daemon:
         if self.producer is not None:
             self.producer.close()
         log.info("stopped at confirmed LSN %s", format_lsn(self.confirmed))
-
-    def _stop_after_fatal(self) -> None:
-        """Confirm only what was acknowledged before the failure, then let go."""
-        try:
-            self._drain(10)
-        except ProducerError:
-            pass
-        try:
-            self._send_status(force=True)
-        except ReplicationLost:
-            pass
-        self._close_replication()
-        if self.producer is not None:
-            self.producer.close()
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -339,15 +339,20 @@ def _date_days_slow(s: str) -> int:
     return days_from_civil(year, int(m), int(d))
 
 
+def _memoized(memo: dict[str, int], parse: Callable[[str], int], s: str) -> int:
+    """`parse(s)` through a bounded memo: dates and intervals repeat a lot in real tables."""
+    value = memo.get(s)
+    if value is None:
+        value = parse(s)
+        if len(memo) >= _MEMO_LIMIT:
+            memo.clear()
+        memo[s] = value
+    return value
+
+
 def _date_days(s: str) -> int:
     """'2024-01-02' / '0044-03-15 BC' / '10000-01-01' -> epoch days (memoized)."""
-    days = _DAYS_MEMO.get(s)
-    if days is None:
-        days = _date_days_slow(s)
-        if len(_DAYS_MEMO) >= _MEMO_LIMIT:
-            _DAYS_MEMO.clear()
-        _DAYS_MEMO[s] = days
-    return days
+    return _memoized(_DAYS_MEMO, _date_days_slow, s)
 
 
 def _time_micros(t: str) -> int:
@@ -553,13 +558,7 @@ _INTERVAL_MEMO: dict[str, int] = {}
 
 def _interval(s: str) -> int:
     """ISO 8601 interval ('P1Y2M3DT4H5M6.5S', 'PT-1H', 'P-1Y-2M', 'PT0S') -> microseconds."""
-    v = _INTERVAL_MEMO.get(s)
-    if v is None:
-        v = _interval_parse(s)
-        if len(_INTERVAL_MEMO) >= _MEMO_LIMIT:
-            _INTERVAL_MEMO.clear()
-        _INTERVAL_MEMO[s] = v
-    return v
+    return _memoized(_INTERVAL_MEMO, _interval_parse, s)
 
 
 def _interval_parse(s: str) -> int:
