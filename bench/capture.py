@@ -11,13 +11,15 @@ rows) into a 6-column table. Every reader below then decodes that SAME WAL:
 1. PostgreSQL's ceiling: pg_recvlogical (pgoutput, proto 1) to /dev/null up to --endpos.
 2. The client's ceiling: kafka-python, then confluent-kafka, producing N ready-made
    records the size of cdc's events (sampled from cdc's own topic) to a fresh
-   3-partition compacted topic, configured like cdc/producer.py; timed until every
-   record is acknowledged. Each runs in a child process.
+   3-partition topic configured like cdc's, with producer settings copied from
+   cdc/producer.py; timed until every record is acknowledged. Each runs in a child process.
 3. cdc: `python -m cdc run` per client, from its own slot until the slot's
    confirmed_flush_lsn reaches the end of the writes (every record acknowledged).
 4. Latency: with the daemon streaming, pgbench offers a paced 2,000 single-row
    UPDATE transactions/s for 15 s; a confluent-kafka consumer computes
-   consume time - source.ts_us (the commit time) per event.
+   consume time - source.ts_us (the commit time) per event. A "broker floor" run
+   first measures the same consumer against a paced confluent-kafka producer alone.
+5. --profile DIR: one more cdc run per client (own slot, same WAL) under py-spy.
 
 The broker: noida-db re-serializes its whole store to one JSON file again and again
 while data changes, so its CPU cost grows with everything it holds (measured here: ~0.7
@@ -844,6 +846,12 @@ class Bench:
             "threads of the producer process or the daemon otherwise); rows per CPU-s is what that process would do "
             "with a core of its own. machine busy = all CPUs busy (incl. other users of the machine) during the phase."
         )
+        if "pure-Python CRC32C" in versions():
+            out.append("")
+            out.append(
+                "Note: kafka-python found no `crc32c` module, so it checksums every record batch in pure Python "
+                "(kafka/record/_crc32c.py); `pip install crc32c` makes kafka-python several times faster."
+            )
         out.append("")
         out.append("| target | measured | goal | verdict | same ratio in rows per CPU-s |")
         out.append("|---|---:|---:|---|---:|")
@@ -1132,6 +1140,7 @@ def produce_child(conn: Any, client: str, servers: str, topic: str, values: list
     with the library alone, configured like cdc/producer.py; time until all are acknowledged."""
     import resource
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent cleans up
     try:
         keys = [b'{"id":%d}' % (i + 1) for i in range(rows)]
         nvalues = len(values)
