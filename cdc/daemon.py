@@ -85,9 +85,8 @@ class Daemon:
         self.stopping = False
         self.confirmed = 0  # highest commit end LSN whose records the broker acknowledged
         self.server_wal_end = 0
-        self.pending: deque = deque()  # Delivery objects and int commit markers, in send order
-        self.pending_records = 0
-        self._open_commits: deque[tuple[int, int]] = deque()  # (end LSN, commit ts) not yet acknowledged
+        # (producer mark, commit end LSN, commit ts) of commits not yet acknowledged, in order
+        self.pending: deque[tuple[dict, int, int]] = deque()
         self.producer: Producer | None = None
         self.repl: ReplicationConnection | None = None
         self.last_status = 0.0
@@ -252,8 +251,7 @@ class Daemon:
         msg = self.decoder.decode(payload)
         kind = type(msg)
         if kind in _CHANGES:
-            for record in self.renderer.records(msg, self._txn, change_lsn):  # type: ignore[arg-type]
-                self._send(record)
+            self._send(self.renderer.records(msg, self._txn, change_lsn))  # type: ignore[arg-type]
         elif kind is pgoutput.Begin:
             self._txn = Txn(msg.final_lsn, msg.commit_ts_us, msg.xid)
         elif kind is pgoutput.Commit:
@@ -280,8 +278,7 @@ class Daemon:
             msg = decoder.decode(payload)
             kind = type(msg)
             if kind in _CHANGES:
-                for record in self.renderer.records(msg, txn, change_lsn):
-                    self._send(record)
+                self._send(self.renderer.records(msg, txn, change_lsn))
             elif kind is pgoutput.Relation:
                 self.renderer.relation(msg)
             if n % 5000 == 4999:
@@ -294,24 +291,26 @@ class Daemon:
         self._committed(commit.end_lsn, commit.commit_ts_us)
 
     def _committed(self, end_lsn: int, commit_ts_us: int) -> None:
-        self.pending.append(end_lsn)
-        self._open_commits.append((end_lsn, commit_ts_us))
+        self.pending.append((self.producer.mark(), end_lsn, commit_ts_us))  # type: ignore[union-attr]
 
-    def _send(self, record: Record) -> None:
-        limit = self.topic_limits.get(record.topic)
-        size = len(record.key) + (len(record.value) if record.value is not None else 0)
-        if limit is not None and size + RECORD_OVERHEAD > limit:
-            raise RecordTooLarge(
-                f"record for table {record.table} key {record.key.decode(errors='replace')[:200]} is {size} bytes, "
-                f"above topic {record.topic}'s max.message.bytes={limit}: raise [topic] max_message_bytes and the "
-                "topic's max.message.bytes, then restart (nothing after this transaction was confirmed)"
-            )
-        if self.pending_records >= self.config.daemon.max_pending_records:
+    def _send(self, records: list[Record]) -> None:
+        send = self.producer.send  # type: ignore[union-attr]
+        limits = self.topic_limits
+        counts = self._table_counts
+        for record in records:
+            size = len(record.key) + (len(record.value) if record.value is not None else 0)
+            limit = limits.get(record.topic)
+            if limit is not None and size + RECORD_OVERHEAD > limit:
+                raise RecordTooLarge(
+                    f"record for table {record.table} key {record.key.decode(errors='replace')[:200]} is {size} "
+                    f"bytes, above topic {record.topic}'s max.message.bytes={limit}: raise [topic] max_message_bytes "
+                    "and the topic's max.message.bytes, then restart (nothing after this transaction was confirmed)"
+                )
+            send(record.topic, record.key, record.value)
+            counts[record.table] = counts.get(record.table, 0) + 1
+            self._bytes += size
+        if self.producer.in_flight() >= self.config.daemon.max_pending_records:  # type: ignore[union-attr]
             self._make_room()
-        self.pending.append(self.producer.send(record.topic, record.key, record.value))  # type: ignore[union-attr]
-        self.pending_records += 1
-        self._table_counts[record.table] = self._table_counts.get(record.table, 0) + 1
-        self._bytes += size
 
     def _make_room(self) -> None:
         """Backpressure: wait for acknowledgements, still answering the walsender so
@@ -319,34 +318,23 @@ class Daemon:
         low = self.config.daemon.max_pending_records * 0.8
         while True:
             self._advance()
-            if self.pending_records <= low:
+            if self.producer.in_flight() <= low:  # type: ignore[union-attr]
                 return
             self._send_status()
             time.sleep(0.002)
 
     def _advance(self) -> None:
-        """Pop acknowledged records from the head; a commit marker confirms its LSN."""
-        pending = self.pending
+        """Confirm every commit whose records are all acknowledged, in commit order."""
         producer = self.producer
-        if producer is not None:
-            producer.poll()
-        acked = 0
-        while pending:
-            head = pending[0]
-            if head.__class__ is int:
-                self.confirmed = max(self.confirmed, head)
-                pending.popleft()
-                self.metrics.transactions.inc()
-                continue
-            if not head.done():
-                break
-            error = head.error()
-            if error is not None:
-                self.pending_records -= acked
-                raise ProducerError(str(error) or type(error).__name__)
-            pending.popleft()
-            acked += 1
-        self.pending_records -= acked
+        if producer is None:
+            return
+        producer.poll()
+        pending = self.pending
+        while pending and producer.reached(pending[0][0]):
+            self.confirmed = max(self.confirmed, pending.popleft()[1])
+            self.metrics.transactions.inc()
+        if not pending:
+            producer.reached({})  # surfaces a failure even with no commit waiting
 
     def _send_status(self, force: bool = False) -> None:
         repl = self.repl
@@ -362,11 +350,9 @@ class Daemon:
         m.acked_lsn.set(self.confirmed)
         m.server_lsn.set(self.server_wal_end)
         m.lag_bytes.set(max(0, self.server_wal_end - self.confirmed))
-        opened = self._open_commits
-        while opened and opened[0][0] <= self.confirmed:
-            opened.popleft()
-        m.lag_seconds.set(max(0.0, time.time() - opened[0][1] / 1e6) if opened else 0.0)
-        m.pending.set(self.pending_records)
+        oldest = self.pending[0][2] if self.pending else None
+        m.lag_seconds.set(max(0.0, time.time() - oldest / 1e6) if oldest is not None else 0.0)
+        m.pending.set(self.producer.in_flight() if self.producer is not None else 0)
         for table, count in self._table_counts.items():
             m.events.labels(table).inc(count)
         self._table_counts.clear()
@@ -388,8 +374,6 @@ class Daemon:
             self.producer.close()
             self.producer = None
         self.pending.clear()
-        self._open_commits.clear()
-        self.pending_records = 0
 
     def _close_replication(self) -> None:
         if self.repl is not None:

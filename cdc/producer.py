@@ -10,6 +10,7 @@ A delivery failure is never handled here: the daemon rewinds to the last confirm
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Protocol
 
 from cdc.config import TopicConfig
@@ -30,22 +31,62 @@ class RecordTooLarge(Exception):
     """A single record can never be accepted under the current topic limit."""
 
 
-class Delivery(Protocol):
-    """The fate of one sent record, inspected without blocking."""
-
-    def done(self) -> bool: ...
-
-    def error(self) -> BaseException | None: ...
+Mark = dict[tuple[str, int], int]  # (topic, partition) -> records sent there so far
 
 
 class Producer(Protocol):
-    def send(self, topic: str, key: bytes, value: bytes | None) -> Delivery: ...
+    """Sends records and counts acknowledgements per partition.
+
+    Kafka completes the records of one partition in send order, so "everything sent
+    before this point is acknowledged" is a per-partition count comparison: no object
+    per record for the daemon to track."""
+
+    def send(self, topic: str, key: bytes, value: bytes | None) -> None: ...
+
+    def mark(self) -> Mark:
+        """A point in the send order; `reached` tells when everything before it is acknowledged."""
+        ...
+
+    def reached(self, mark: Mark) -> bool:
+        """Raises ProducerError if any record failed."""
+        ...
+
+    def in_flight(self) -> int: ...
 
     def poll(self) -> None: ...
 
     def flush(self, timeout_s: float) -> bool: ...
 
     def close(self) -> None: ...
+
+
+class _Counts:
+    """Per-partition sent/acknowledged counts and the first failure, shared by both clients."""
+
+    def __init__(self, partition_counts: dict[str, int]) -> None:
+        self.partition_counts = partition_counts
+        self.sent: dict[tuple[str, int], int] = {}
+        self.acked: dict[tuple[str, int], int] = {}
+        self.touched: set[tuple[str, int]] = set()
+        self.total_sent = 0
+        self.total_acked = 0
+        self.failure: BaseException | None = None
+
+    def mark(self) -> Mark:
+        # Marks are checked in order, so one only needs the partitions written since the last.
+        sent = self.sent
+        mark = {tp: sent[tp] for tp in self.touched}
+        self.touched.clear()
+        return mark
+
+    def _check(self, mark: Mark) -> bool:
+        if self.failure is not None:
+            raise ProducerError(str(self.failure) or type(self.failure).__name__)
+        acked = self.acked
+        return all(acked.get(tp, 0) >= n for tp, n in mark.items())
+
+    def in_flight(self) -> int:
+        return self.total_sent - self.total_acked
 
 
 def security_settings(config: TopicConfig) -> dict[str, str]:
@@ -61,26 +102,14 @@ def security_settings(config: TopicConfig) -> dict[str, str]:
     return out
 
 
-class _KafkaPythonDelivery:
-    __slots__ = ("future",)
-
-    def __init__(self, future) -> None:
-        self.future = future
-
-    def done(self) -> bool:
-        return self.future.is_done
-
-    def error(self) -> BaseException | None:
-        return self.future.exception
-
-
-class KafkaPythonProducer:
+class KafkaPythonProducer(_Counts):
     """kafka-python, partitions chosen here so every client agrees (murmur2 on the key bytes)."""
 
     def __init__(self, config: TopicConfig, partition_counts: dict[str, int]) -> None:
         from kafka import KafkaProducer
 
-        self.partition_counts = partition_counts
+        super().__init__(partition_counts)
+        self._futures: dict[tuple[str, int], deque] = {}
         self._producer = KafkaProducer(
             bootstrap_servers=config.bootstrap_servers.split(","),
             client_id="cdc",
@@ -98,9 +127,32 @@ class KafkaPythonProducer:
         )
         self._send = self._producer.send
 
-    def send(self, topic: str, key: bytes, value: bytes | None) -> Delivery:
+    def send(self, topic: str, key: bytes, value: bytes | None) -> None:
         partition = fast_partition_for(key, self.partition_counts[topic])
-        return _KafkaPythonDelivery(self._send(topic, value=value, key=key, partition=partition))
+        future = self._send(topic, value=value, key=key, partition=partition)
+        tp = (topic, partition)
+        queue = self._futures.get(tp)
+        if queue is None:
+            queue = self._futures[tp] = deque()
+            self.sent[tp] = 0
+        queue.append(future)
+        self.sent[tp] += 1
+        self.touched.add(tp)
+        self.total_sent += 1
+
+    def reached(self, mark: Mark) -> bool:
+        acked = self.acked
+        for tp, queue in self._futures.items():
+            done = 0
+            while queue and queue[0].is_done:
+                future = queue.popleft()
+                if future.exception is not None and self.failure is None:
+                    self.failure = future.exception
+                done += 1
+            if done:
+                acked[tp] = acked.get(tp, 0) + done
+                self.total_acked += done
+        return self._check(mark)
 
     def poll(self) -> None:
         """kafka-python delivers from its own I/O thread: nothing to serve here."""
@@ -127,31 +179,13 @@ class KafkaPythonProducer:
             self._producer._closed = True
 
 
-class _ConfluentDelivery:
-    __slots__ = ("finished", "err")
-
-    def __init__(self) -> None:
-        self.finished = False
-        self.err: BaseException | None = None
-
-    def done(self) -> bool:
-        return self.finished
-
-    def error(self) -> BaseException | None:
-        return self.err
-
-    def __call__(self, err, _msg) -> None:
-        if err is not None:
-            self.err = ProducerError(str(err))
-        self.finished = True
-
-
-class ConfluentProducer:
+class ConfluentProducer(_Counts):
     """confluent-kafka (librdkafka): several times faster per record than kafka-python."""
 
     def __init__(self, config: TopicConfig, partition_counts: dict[str, int]) -> None:
         from confluent_kafka import Producer as _Producer
 
+        super().__init__(partition_counts)
         settings = {
             "bootstrap.servers": config.bootstrap_servers,
             "client.id": "cdc",
@@ -183,15 +217,34 @@ class ConfluentProducer:
         self._producer = _Producer(settings, logger=log)
         self._produce = self._producer.produce
         self._poll = self._producer.poll
+        self._report = self._delivered
 
-    def send(self, topic: str, key: bytes, value: bytes | None) -> Delivery:
-        delivery = _ConfluentDelivery()
+    def _delivered(self, err, msg) -> None:
+        """librdkafka's delivery report, one per record, served inside poll()."""
+        if err is not None:
+            if self.failure is None:
+                self.failure = ProducerError(str(err))
+            return
+        tp = (msg.topic(), msg.partition())
+        self.acked[tp] = self.acked.get(tp, 0) + 1
+        self.total_acked += 1
+
+    def send(self, topic: str, key: bytes, value: bytes | None) -> None:
+        partition = fast_partition_for(key, self.partition_counts[topic])
         while True:
             try:
-                self._produce(topic, value, key, on_delivery=delivery)
-                return delivery
+                self._produce(topic, value, key, partition, on_delivery=self._report)
+                break
             except BufferError:  # local queue full: serve deliveries, then try again
                 self._poll(0.05)
+        tp = (topic, partition)
+        sent = self.sent
+        sent[tp] = sent.get(tp, 0) + 1
+        self.touched.add(tp)
+        self.total_sent += 1
+
+    def reached(self, mark: Mark) -> bool:
+        return self._check(mark)
 
     def poll(self) -> None:
         self._poll(0)

@@ -23,10 +23,13 @@ def test_records_land_on_the_murmur2_partition(broker_servers, topic_prefix, cli
     assert infos[topic].partitions == 5 and infos[topic].cleanup_policy == "compact"
     producer = make_producer(config, {topic: 5})
     keys = [f'{{"id":{i}}}'.encode() for i in range(300)] + [f'{{"name":"k\\u00e9{i}"}}'.encode() for i in range(50)]
-    deliveries = [producer.send(topic, key, b"{}") for key in keys]
+    for key in keys:
+        producer.send(topic, key, b"{}")
+    mark = producer.mark()
+    assert sum(mark.values()) == len(keys)
     assert producer.flush(30)
     producer.poll()
-    assert all(d.done() and d.error() is None for d in deliveries)
+    assert producer.reached(mark) and producer.in_flight() == 0
     producer.close()
     placed = {r.key: r.partition for r in read_topic(config, topic)}
     assert placed == {key: partition_for(key, 5) for key in keys}
