@@ -25,6 +25,10 @@ TRUNCATE_KEY = orjson.dumps("__truncate__")  # a JSON string: never equal to a r
 SOURCE_VERSION = f"cdc-{__version__}"
 
 
+_ENVELOPE = b'{"before":%b,"after":%b,"source":%b,"transaction":null,"op":%b,"ts_ms":%d,"ts_us":%d,"ts_ns":%d}'
+_OPS = {op: orjson.dumps(op) for op in ("r", "c", "u", "d", "t")}
+
+
 class KeyUnavailable(Exception):
     """A key column is missing from the tuple PostgreSQL sent (e.g. an unchanged TOASTed key)."""
 
@@ -56,47 +60,42 @@ class TableEvents:
     def __post_init__(self) -> None:
         self._names = [c.name for c in self.columns]
         self._key_names = [self._names[i] for i in self.key_indexes]
-        self._converters = [(c.convert, c.placeholder) for c in self.columns]
-        self._convert = [c.convert for c in self.columns]
+        self._columns = [(c.name, c.convert, c.placeholder) for c in self.columns]
+        self._convert = [(c.name, c.convert) for c in self.columns]
         self.name = f"{self.schema}.{self.table}"
         self._source_key: tuple | None = None
-        self._source_base: dict[str, Any] = {}
+        self._source_head = self._source_tail = b""
 
     # -- rows -----------------------------------------------------------------------------
-    def row(self, values: list, fill: list | None = None) -> list:
+    def row(self, values: list, fill: dict[str, Any] | None = None) -> dict[str, Any]:
         """Convert text values; unchanged TOASTed ones come from `fill` (the old row) when known."""
         if UNCHANGED not in values:  # the common case, as one comprehension
-            return [None if v is None else c(v) for c, v in zip(self._convert, values, strict=True)]
-        out = []
-        for i, value in enumerate(values):
-            convert, placeholder = self._converters[i]
+            return {n: None if v is None else c(v) for (n, c), v in zip(self._convert, values, strict=True)}
+        out = {}
+        for (name, convert, placeholder), value in zip(self._columns, values, strict=True):
             if value is None:
-                out.append(None)
+                out[name] = None
             elif value is UNCHANGED:
-                out.append(placeholder if fill is None else fill[i])
+                out[name] = placeholder if fill is None else fill[name]
             else:
-                out.append(convert(value))
+                out[name] = convert(value)
         return out
 
-    def as_dict(self, row: list | None) -> dict[str, Any] | None:
-        return None if row is None else dict(zip(self._names, row, strict=True))
-
-    def key(self, row: list) -> bytes:
-        parts = {}
-        for name, i in zip(self._key_names, self.key_indexes, strict=True):
-            value = row[i]
+    def key(self, row: dict[str, Any]) -> bytes:
+        parts = {name: row[name] for name in self._key_names}
+        for name, value in parts.items():
             if value is TOAST_PLACEHOLDER or value is TOAST_PLACEHOLDER_BYTES:
-                raise KeyUnavailable(f"{self.schema}.{self.table}: key column {name} arrived as an unchanged TOAST value")
-            parts[name] = value
+                raise KeyUnavailable(f"{self.name}: key column {name} arrived as an unchanged TOAST value")
         return orjson.dumps(parts)
 
     # -- envelopes ------------------------------------------------------------------------
-    def source(self, commit_ts_us: int, snapshot: str, commit_lsn: int, change_lsn: int, xid: int | None) -> dict:
-        """The `source` block; what a transaction's events share is built once per transaction."""
+    def source(self, commit_ts_us: int, snapshot: str, commit_lsn: int, change_lsn: int, xid: int | None) -> bytes:
+        """The serialized `source` block. What a transaction's events share is serialized once
+        per transaction; per event only the position is formatted in."""
         key = (commit_ts_us, snapshot, commit_lsn, xid)
         if key != self._source_key:
             self._source_key = key
-            self._source_base = {
+            head = {
                 "version": SOURCE_VERSION,
                 "connector": "postgresql",
                 "name": self.prefix,
@@ -105,33 +104,29 @@ class TableEvents:
                 "ts_ns": commit_ts_us * 1000,
                 "snapshot": snapshot,
                 "db": self.database,
-                "sequence": None,
-                "schema": self.schema,
-                "table": self.table,
-                "txId": xid,
-                "lsn": None,
-                "xmin": None,
             }
-        source = self._source_base.copy()
-        source["sequence"] = f'["{commit_lsn}","{change_lsn}"]'
-        source["lsn"] = change_lsn
-        return source
+            tail = {"schema": self.schema, "table": self.table, "txId": xid}
+            self._source_head = orjson.dumps(head)[:-1] + b',"sequence":'
+            self._source_tail = b"," + orjson.dumps(tail)[1:-1] + b',"lsn":'
+        # sequence is a string holding a JSON array: '"[\"<commit>\",\"<change>\"]"'
+        return b'%b"[\\"%d\\",\\"%d\\"]"%b%d,"xmin":null}' % (
+            self._source_head, commit_lsn, change_lsn, self._source_tail, change_lsn
+        )
 
-    def envelope(self, op: str, before: list | None, after: list | None, source: dict) -> bytes:
+    def envelope(self, op: str, before: dict | None, after: dict | None, source: bytes) -> bytes:
         now_us = time.time_ns() // 1000
-        payload = {
-            "before": self.as_dict(before),
-            "after": self.as_dict(after),
-            "source": source,
-            "transaction": None,
-            "op": op,
-            "ts_ms": now_us // 1000,
-            "ts_us": now_us,
-            "ts_ns": now_us * 1000,
-        }
+        payload = _ENVELOPE % (
+            b"null" if before is None else orjson.dumps(before),
+            b"null" if after is None else orjson.dumps(after),
+            source,
+            _OPS[op],
+            now_us // 1000,
+            now_us,
+            now_us * 1000,
+        )
         if not self.with_schemas:
-            return orjson.dumps(payload)
-        return b'{"schema":' + self.envelope_schema() + b',"payload":' + orjson.dumps(payload) + b"}"
+            return payload
+        return b'{"schema":' + self.envelope_schema() + b',"payload":' + payload + b"}"
 
     def envelope_schema(self) -> bytes:
         """Debezium's Connect schema of the envelope, serialized once per relation version."""
