@@ -294,17 +294,18 @@ class Daemon:
         self.pending.append((self.producer.mark(), end_lsn, commit_ts_us))  # type: ignore[union-attr]
 
     def _send(self, records: list[Record]) -> None:
+        """The records of one change (all of one table, except a multi-table truncate)."""
         send = self.producer.send  # type: ignore[union-attr]
         limits = self.topic_limits
         counts = self._table_counts
         for record in records:
             size = len(record.key) + (len(record.value) if record.value is not None else 0)
-            limit = limits.get(record.topic)
-            if limit is not None and size + RECORD_OVERHEAD > limit:
+            if size + RECORD_OVERHEAD > limits.get(record.topic, size + RECORD_OVERHEAD):
                 raise RecordTooLarge(
                     f"record for table {record.table} key {record.key.decode(errors='replace')[:200]} is {size} "
-                    f"bytes, above topic {record.topic}'s max.message.bytes={limit}: raise [topic] max_message_bytes "
-                    "and the topic's max.message.bytes, then restart (nothing after this transaction was confirmed)"
+                    f"bytes, above topic {record.topic}'s max.message.bytes={limits[record.topic]}: raise [topic] "
+                    "max_message_bytes and the topic's max.message.bytes, then restart (nothing after this "
+                    "transaction was confirmed)"
                 )
             send(record.topic, record.key, record.value)
             counts[record.table] = counts.get(record.table, 0) + 1

@@ -231,12 +231,16 @@ class ConfluentProducer(_Counts):
 
     def send(self, topic: str, key: bytes, value: bytes | None) -> None:
         partition = fast_partition_for(key, self.partition_counts[topic])
-        while True:
-            try:
-                self._produce(topic, value, key, partition, on_delivery=self._report)
-                break
-            except BufferError:  # local queue full: serve deliveries, then try again
+        try:
+            self._produce(topic, value, key, partition, on_delivery=self._report)
+        except BufferError:  # local queue full: serve deliveries until it takes the record
+            while True:
                 self._poll(0.05)
+                try:
+                    self._produce(topic, value, key, partition, on_delivery=self._report)
+                    break
+                except BufferError:
+                    continue
         tp = (topic, partition)
         sent = self.sent
         sent[tp] = sent.get(tp, 0) + 1
