@@ -614,20 +614,27 @@ def _point(s: str) -> dict[str, Any]:
     }
 
 
+def _quoted(s: str, i: int) -> tuple[str, int]:
+    """The double-quoted, backslash-escaped string starting at ``s[i] == '"'`` (array
+    elements and hstore keys/values quote alike): (text, index after the closing quote)."""
+    parts: list[str] = []
+    j = i + 1
+    while True:
+        q = s.find('"', j)
+        b = s.find("\\", j, q)
+        if b < 0:
+            parts.append(s[j:q])
+            return "".join(parts), q + 1
+        parts.append(s[j:b])
+        parts.append(s[b + 1])
+        j = b + 2
+
+
 def _hstore_token(s: str, i: int) -> tuple[str, int, bool]:
     """Read one hstore key/value at ``i``: (text, next index, was quoted)."""
     if s[i] == '"':
-        parts: list[str] = []
-        j = i + 1
-        while True:
-            q = s.find('"', j)
-            b = s.find("\\", j, q)
-            if b < 0:
-                parts.append(s[j:q])
-                return "".join(parts), q + 1, True
-            parts.append(s[j:b])
-            parts.append(s[b + 1])
-            j = b + 2
+        text, end = _quoted(s, i)
+        return text, end, True
     j = i
     n = len(s)
     while j < n and s[j] not in " ,=":
@@ -693,19 +700,8 @@ def _parse_array(s: str, delim: str) -> list[Any]:
         elif c == delim:
             i += 1
         elif c == '"':
-            parts: list[str] = []
-            j = i + 1
-            while True:
-                q = s.find('"', j)
-                b = s.find("\\", j, q)
-                if b < 0:
-                    parts.append(s[j:q])
-                    i = q + 1
-                    break
-                parts.append(s[j:b])
-                parts.append(s[b + 1])
-                j = b + 2
-            stack[-1].append("".join(parts))
+            text, i = _quoted(s, i)
+            stack[-1].append(text)
         else:
             j = s.find("}", i)
             d = s.find(delim, i, j)
