@@ -121,3 +121,22 @@ def db(pg: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[TestDataba
 def topic_prefix() -> str:
     """A topic prefix no other test uses, so tests sharing a broker never meet."""
     return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def run_daemon(tmp_path: Path, db: TestDatabase, broker_servers: str, topic_prefix: str):
+    """Start `cdc run` on the test's database; returns (daemon, slot). Stopped at teardown."""
+    from tests.support import DaemonProcess, slot_of, start_streaming, write_config
+
+    started: list[DaemonProcess] = []
+
+    def start(tables: list[str], **sections: dict) -> tuple[DaemonProcess, str]:
+        config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, tables, **sections)
+        slot = slot_of(topic_prefix)
+        started.append(start_streaming(config, tmp_path / "daemon.log", db.dsn, slot))
+        return started[-1], slot
+
+    yield start
+    for daemon in started:
+        if daemon.alive():
+            daemon.stop()

@@ -20,9 +20,14 @@ from compaction.reader import read_topic
 from compaction.table import TopicTable, build, payload_of
 
 
+def slot_of(prefix: str) -> str:
+    """The slot `write_config` gives a test with this topic prefix."""
+    return "s_" + prefix.lower()
+
+
 def write_config(path: Path, dsn: str, servers: str, prefix: str, tables: list[str], **sections: dict) -> Path:
     """A cdc.toml for one test: its own database, slot, publication and topic prefix."""
-    source = {"dsn": dsn, "slot": "s_" + prefix.lower(), "publication": "p_" + prefix.lower(), "tables": tables}
+    source = {"dsn": dsn, "slot": slot_of(prefix), "publication": "p_" + prefix.lower(), "tables": tables}
     source.update(sections.pop("source", {}))
     topic = {"bootstrap_servers": servers, "prefix": prefix, "partitions": 3}
     topic.update(sections.pop("topic", {}))
@@ -105,6 +110,26 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, poll: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(poll)
+
+
+def slot_active(dsn: str, slot: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+    return bool(row and row[0])
+
+
+def start_streaming(
+    config: Path, log: Path, dsn: str, slot: str, env: dict[str, str] | None = None
+) -> DaemonProcess:
+    """`cdc run` as a process, returned once its walsender holds the slot."""
+    daemon = DaemonProcess(config, log, env).start()
+    try:
+        wait_for(lambda: not daemon.alive() or slot_active(dsn, slot), 60, "the daemon to stream")
+    except AssertionError:
+        daemon.stop()
+        raise AssertionError(f"the daemon did not start streaming:\n{daemon.output()[-3000:]}") from None
+    assert daemon.alive(), daemon.output()[-3000:]
+    return daemon
 
 
 def current_lsn(dsn: str) -> int:

@@ -24,9 +24,10 @@ from cdc.local_services import LocalPostgres, free_port
 from cdc.naming import topic_name
 from cdc.replication import ReplicationConnection
 from tests.support import (
-    DaemonProcess,
     cdc,
     confirmed_lsn,
+    slot_of,
+    start_streaming,
     topic_records,
     wait_caught_up,
     wait_for,
@@ -56,10 +57,6 @@ def run(config: Path, *args: str, env: dict[str, str] | None = None, timeout: fl
     return cdc("run", "--config", str(config), *args, env=env, timeout=timeout)
 
 
-def slot_of(prefix: str) -> str:
-    return "s_" + prefix.lower()
-
-
 def make_slot(db, slot: str, publication_for: str | None = None) -> int:
     """An existing slot (as a previous run leaves it, after its publication when
     `publication_for` names the tables); returns its confirmed_flush_lsn."""
@@ -78,23 +75,6 @@ def slot_row(db, slot: str) -> tuple | None:
         (slot,),
     )
     return rows[0] if rows else None
-
-
-def slot_active(db, slot: str) -> bool:
-    row = slot_row(db, slot)
-    return row is not None and row[1] is not None
-
-
-def start_daemon(db, config: Path, log: Path, slot: str) -> DaemonProcess:
-    """`cdc run` as a process, once its walsender holds the slot."""
-    daemon = DaemonProcess(config, log).start()
-    try:
-        wait_for(lambda: not daemon.alive() or slot_active(db, slot), 60, "the daemon to stream")
-    except AssertionError:
-        daemon.stop()
-        raise AssertionError(f"the daemon did not start streaming:\n{daemon.output()[-3000:]}") from None
-    assert daemon.alive(), daemon.output()
-    return daemon
 
 
 @pytest.fixture
@@ -568,7 +548,7 @@ def test_non_compacted_topic_is_refused_then_allowed(db, config_for, topic_prefi
     assert confirmed_lsn(db.dsn, slot) == before
 
     config = config_for(["public.t"], topic={"allow_non_compacted": True}, daemon={"log_level": "INFO"})
-    daemon = start_daemon(db, config, tmp_path / "daemon.log", slot)
+    daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
     try:
         db.execute("INSERT INTO public.t VALUES (2, 'new')")
         wait_caught_up(db.dsn, slot, daemon)
@@ -627,7 +607,7 @@ def test_second_daemon_on_the_same_slot(db, config_for, topic_prefix, tmp_path):
     db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
     slot = slot_of(topic_prefix)
     config = config_for(["public.t"], source={"slot_wait_s": 1})
-    first = start_daemon(db, config, tmp_path / "first.log", slot)
+    first = start_streaming(config, tmp_path / "first.log", db.dsn, slot)
     try:
         pid = slot_row(db, slot)[1]
         message = refused(run(config))
@@ -737,7 +717,7 @@ def test_odd_identifiers_are_captured(db, config_for, topic_prefix, broker_serve
     db.execute(sql.SQL('CREATE TABLE {} (id int PRIMARY KEY, "wé ird" text)').format(table))
     slot = slot_of(topic_prefix)
     config = config_for(['"Odd ""S"" . x".*'], daemon={"log_level": "INFO"})
-    daemon = start_daemon(db, config, tmp_path / "daemon.log", slot)
+    daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
     try:
         db.execute(sql.SQL("INSERT INTO {} VALUES (1, 'ünï \"q\"')").format(table))
         wait_caught_up(db.dsn, slot, daemon)

@@ -6,18 +6,16 @@ import json
 import urllib.request
 
 import orjson
-import pytest
 
 from cdc.events import TRUNCATE_KEY
 from cdc.naming import topic_name
 from compaction.table import position_of
 from tests.support import (
-    DaemonProcess,
     cdc,
+    start_streaming,
     topic_records,
     wait_caught_up,
     wait_for,
-    write_config,
 )
 
 ENVELOPE_KEYS = ["before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns"]
@@ -25,31 +23,6 @@ SOURCE_KEYS = [
     "version", "connector", "name", "ts_ms", "ts_us", "ts_ns", "snapshot", "db",
     "sequence", "schema", "table", "txId", "lsn", "xmin",
 ]
-
-
-def slot_active(db, slot: str) -> bool:
-    rows = db.fetchall("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-    return bool(rows and rows[0][0])
-
-
-@pytest.fixture
-def run_daemon(tmp_path, db, broker_servers, topic_prefix):
-    """Start `cdc run` on the test's database; returns (daemon, slot). Stopped at teardown."""
-    started: list[DaemonProcess] = []
-
-    def start(tables: list[str], **sections) -> tuple[DaemonProcess, str]:
-        config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, tables, **sections)
-        daemon = DaemonProcess(config, tmp_path / "daemon.log").start()
-        started.append(daemon)
-        slot = "s_" + topic_prefix.lower()
-        wait_for(lambda: not daemon.alive() or slot_active(db, slot), 60, "the daemon to start streaming")
-        assert daemon.alive(), daemon.output()
-        return daemon, slot
-
-    yield start
-    for daemon in started:
-        if daemon.alive():
-            daemon.stop()
 
 
 def by_key(records):
@@ -144,8 +117,7 @@ def test_key_bytes_do_not_depend_on_session_settings(db, broker_servers, topic_p
     wait_caught_up(db.dsn, slot, daemon)
     assert daemon.stop() == 0
     # a second session of the daemon, after a restart, renders the same row's key identically
-    daemon2 = DaemonProcess(daemon.config, daemon.log).start()
-    wait_for(lambda: slot_active(db, slot), 60, "restart")
+    daemon2 = start_streaming(daemon.config, daemon.log, db.dsn, slot)
     db.execute("UPDATE public.k SET v = 2")
     wait_caught_up(db.dsn, slot, daemon2)
     assert daemon2.stop() == 0

@@ -7,18 +7,21 @@ import struct
 
 import orjson
 
+from cdc.config import TopicConfig
 from cdc.naming import topic_name
+from compaction.reader import read_topic
 from tests.support import (
     DaemonProcess,
     cdc,
     confirmed_lsn,
     current_lsn,
+    slot_of,
+    start_streaming,
     topic_records,
     wait_caught_up,
     wait_for,
     write_config,
 )
-from tests.test_capture_events import run_daemon  # noqa: F401 (fixture)
 
 TYPES_DDL = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
@@ -64,7 +67,7 @@ EXPECTED = {
 }
 
 
-def test_every_type_of_the_table(db, broker_servers, topic_prefix, run_daemon):  # noqa: F811
+def test_every_type_of_the_table(db, broker_servers, topic_prefix, run_daemon):
     db.execute(TYPES_DDL)
     daemon, slot = run_daemon(["public.all_types"])
     db.execute(INSERT)
@@ -79,7 +82,7 @@ def test_every_type_of_the_table(db, broker_servers, topic_prefix, run_daemon): 
     assert empty == {name: (2 if name == "id" else None) for name in EXPECTED}
 
 
-def test_alter_table_shows_in_the_next_event(db, broker_servers, topic_prefix, run_daemon):  # noqa: F811
+def test_alter_table_shows_in_the_next_event(db, broker_servers, topic_prefix, run_daemon):
     db.execute("CREATE TABLE public.evolving (id int PRIMARY KEY, a text, b int)")
     daemon, slot = run_daemon(["public.evolving"], events={"schemas": True})
     db.execute("INSERT INTO public.evolving VALUES (1, 'x', 1)")
@@ -89,12 +92,8 @@ def test_alter_table_shows_in_the_next_event(db, broker_servers, topic_prefix, r
     db.execute("UPDATE public.evolving SET a = 'z' WHERE id = 1")
     wait_caught_up(db.dsn, slot, daemon)
     assert daemon.stop() == 0
-    from kafka import KafkaConsumer  # the raw values, to see the schema form
-
-    consumer = KafkaConsumer(bootstrap_servers=broker_servers, auto_offset_reset="earliest", consumer_timeout_ms=5000)
-    consumer.subscribe([topic_name(topic_prefix, "public", "evolving")])
-    values = sorted((orjson.loads(r.value) for r in consumer), key=lambda v: v["payload"]["source"]["lsn"])
-    consumer.close()
+    raw = read_topic(TopicConfig(bootstrap_servers=broker_servers), topic_name(topic_prefix, "public", "evolving"))
+    values = sorted((orjson.loads(r.value) for r in raw), key=lambda v: v["payload"]["source"]["lsn"])
     afters = [v["payload"]["after"] for v in values]
     assert afters == [
         {"id": 1, "a": "x", "b": 1},
@@ -110,7 +109,7 @@ def test_alter_table_shows_in_the_next_event(db, broker_servers, topic_prefix, r
     assert schema["fields"][1]["fields"][0] == {"type": "int32", "optional": False, "field": "id"}
 
 
-def test_partitioned_table_publishes_through_its_root(db, broker_servers, topic_prefix, run_daemon):  # noqa: F811
+def test_partitioned_table_publishes_through_its_root(db, broker_servers, topic_prefix, run_daemon):
     db.execute("CREATE TABLE public.measures (id int, at date, v int, PRIMARY KEY (id, at)) PARTITION BY RANGE (at)")
     db.execute("CREATE TABLE public.measures_2023 PARTITION OF public.measures FOR VALUES FROM ('2023-01-01') TO ('2024-01-01')")
     db.execute("CREATE TABLE public.measures_2024 PARTITION OF public.measures FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')")
@@ -127,7 +126,7 @@ def test_partitioned_table_publishes_through_its_root(db, broker_servers, topic_
     assert all(v is None or v["source"]["table"] == "measures" for _, v in records)
 
 
-def test_idle_captured_table_lets_the_slot_advance(db, broker_servers, topic_prefix, run_daemon):  # noqa: F811
+def test_idle_captured_table_lets_the_slot_advance(db, broker_servers, topic_prefix, run_daemon):
     db.execute("CREATE TABLE public.idle (id int PRIMARY KEY)")
     db.execute("CREATE TABLE public.busy (id int PRIMARY KEY)")
     daemon, slot = run_daemon(["public.idle"])
@@ -145,9 +144,8 @@ def test_record_too_large_stops_without_confirming(tmp_path, db, broker_servers,
         tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.blobs"],
         topic={"max_message_bytes": 20000},
     )
-    slot = "s_" + topic_prefix.lower()
-    daemon = DaemonProcess(config, tmp_path / "daemon.log").start()
-    wait_for(lambda: db.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)), 60, "start")
+    slot = slot_of(topic_prefix)
+    daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
     db.execute("INSERT INTO public.blobs VALUES (1, 'small')")
     wait_caught_up(db.dsn, slot, daemon)
     confirmed = confirmed_lsn(db.dsn, slot)

@@ -19,7 +19,9 @@ from cdc.daemon import Daemon
 from cdc.producer import ProducerError, make_producer
 from tests.support import (
     DaemonProcess,
+    slot_of,
     source_table,
+    start_streaming,
     topic_table,
     wait_caught_up,
     wait_for,
@@ -88,11 +90,10 @@ def assert_topic_equals_source(db, servers: str, prefix: str) -> None:
 def test_kill_9_at_random_moments_loses_nothing(tmp_path, db, broker_servers, topic_prefix):
     db.execute("CREATE TABLE public.acct (id int PRIMARY KEY, v int NOT NULL, note text)")
     config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.acct"])
-    slot = "s_" + topic_prefix.lower()
+    slot = slot_of(topic_prefix)
     rng = random.Random(7)
     log = tmp_path / "daemon.log"
-    first = DaemonProcess(config, log).start()
-    wait_for(lambda: db.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)), 60, "slot")
+    first = start_streaming(config, log, db.dsn, slot)
     with Writers(db.dsn) as writers:
         daemon = first
         for _ in range(4):
@@ -114,9 +115,8 @@ def test_broker_restart_mid_stream(tmp_path, db, local_broker, topic_prefix):
     config = write_config(
         tmp_path / "cdc.toml", db.dsn, servers, topic_prefix, ["public.acct"], topic={"delivery_timeout_ms": 8000}
     )
-    slot = "s_" + topic_prefix.lower()
-    daemon = DaemonProcess(config, tmp_path / "daemon.log").start()
-    wait_for(lambda: db.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)), 60, "slot")
+    slot = slot_of(topic_prefix)
+    daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
     with Writers(db.dsn):
         time.sleep(2)
         local_broker.stop()  # graceful: noida-db keeps acknowledged records only then (ENVIRONMENT.md)
@@ -195,9 +195,8 @@ def test_producer_error_mid_batch_rewinds(tmp_path, db, broker_servers, topic_pr
 def test_slot_dropped_underneath_stops_with_the_recovery_steps(tmp_path, db, broker_servers, topic_prefix):
     db.execute("CREATE TABLE public.acct (id int PRIMARY KEY, v int NOT NULL, note text)")
     config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.acct"])
-    slot = "s_" + topic_prefix.lower()
-    daemon = DaemonProcess(config, tmp_path / "daemon.log").start()
-    wait_for(lambda: db.fetchall("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)), 60, "start")
+    slot = slot_of(topic_prefix)
+    daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
 
     def drop() -> bool:
         db.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s", (slot,))

@@ -14,11 +14,12 @@ from cdc.naming import topic_name
 from cdc.topics import TopicAdmin
 from tests.support import (
     DaemonProcess,
+    slot_of,
     source_table,
+    start_streaming,
     topic_records,
     topic_table,
     wait_caught_up,
-    wait_for,
     write_config,
 )
 
@@ -28,14 +29,8 @@ STREAM_OPTIONS = " options='-c logical_decoding_work_mem=64kB'"
 
 def start(tmp_path: Path, db, servers: str, prefix: str, **sections) -> tuple[DaemonProcess, str]:
     config = write_config(tmp_path / "cdc.toml", db.dsn + STREAM_OPTIONS, servers, prefix, ["public.big"], **sections)
-    daemon = DaemonProcess(config, tmp_path / "daemon.log").start()
-    slot = "s_" + prefix.lower()
-    wait_for(
-        lambda: not daemon.alive() or db.fetchall("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)),
-        60, "streaming",
-    )
-    assert daemon.alive(), daemon.output()
-    return daemon, slot
+    slot = slot_of(prefix)
+    return start_streaming(config, tmp_path / "daemon.log", db.dsn, slot), slot
 
 
 def test_streamed_transactions_commit_abort_and_savepoints(tmp_path, db, broker_servers, topic_prefix):
