@@ -2,8 +2,9 @@
 
 Both are configured for the ordering invariant in DESIGN.md: acks=all, the idempotent
 producer (so the client's own retries keep per-partition order), and the same partitioner.
-kafka-python gets the partition computed here with Kafka's murmur2; librdkafka is told to
-use `murmur2_random`, which is the same function (tests/test_producer.py checks both agree).
+Both clients get the partition computed here with Kafka's murmur2 (the per-partition
+acknowledgement counts need it at send time); librdkafka is also set to `murmur2_random`,
+the same function, for any record sent without one. tests/test_producer.py checks placement.
 A delivery failure is never handled here: the daemon rewinds to the last confirmed LSN.
 """
 
