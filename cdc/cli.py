@@ -107,6 +107,37 @@ def run(config: Config) -> None:
 
 
 @main.command()
+@click.option("--tables", "-t", "tables", multiple=True, metavar="TABLE",
+              help="Snapshot only these captured tables (schema.table, SQL-quoted where needed); repeatable.")
+@click.option("--incremental", is_flag=True, help="Require a running pipeline: ask its daemon, never create a slot.")
+@_with_config
+def snapshot(config: Config, tables: tuple[str, ...], incremental: bool) -> None:
+    """Snapshot the captured tables.
+
+    With no slot yet: the one-shot snapshot aligned to a new slot, then exit, so a later
+    `cdc run` continues exactly after it. With the slot in place (a daemon streaming, or
+    stopped): ask the daemon for an incremental snapshot through a logical message; it
+    takes it while streaming, or when it next starts."""
+    import psycopg
+
+    from cdc.daemon import Daemon
+    from cdc.preflight import start_failure
+    from cdc.replication import ReplicationLost
+    from snapshot.request import request_incremental
+
+    if request_incremental(config, list(tables), incremental):
+        return
+    if config.snapshot.mode == "never":
+        config.snapshot.mode = "initial"  # asked for explicitly
+    daemon = Daemon(config)
+    try:
+        daemon.prepare(only_tables=list(tables) or None, stop_when_done=True)
+    except (psycopg.Error, ReplicationLost) as exc:
+        raise start_failure(config, exc) from None
+    sys.exit(daemon.run())
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_with_config
 def status(config: Config, as_json: bool) -> None:

@@ -81,11 +81,26 @@ class DaemonConfig:
     log_level: str = "INFO"
 
 
+SNAPSHOT_MODES = ("initial", "never", "initial_only", "when_needed")
+
+
+@dataclass
+class SnapshotConfig:
+    """`[snapshot]`: the initial snapshot aligned to the slot, and incremental ones."""
+
+    mode: str = "initial"
+    parallelism: int = 2
+    split_rows: int = 200000
+    chunk_size: int = 2048
+    progress: str = "auto"
+
+
 @dataclass
 class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
     topic: TopicConfig = field(default_factory=TopicConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
 
     def validate(self) -> Config:
@@ -110,10 +125,17 @@ class Config:
             ("topic", "replication_factor", 1), ("topic", "min_insync_replicas", 1),
             ("topic", "max_message_bytes", 1), ("daemon", "max_pending_records", 1),
             ("source", "slot_wait_s", 0), ("source", "status_interval_s", 0.1),
-            ("daemon", "metrics_port", 0),
+            ("daemon", "metrics_port", 0), ("snapshot", "parallelism", 1),
+            ("snapshot", "split_rows", 1), ("snapshot", "chunk_size", 1),
         ):
             if getattr(getattr(self, section), key) < low:
                 raise ConfigError(f"[{section}] {key} must be at least {low}")
+        if self.snapshot.mode not in SNAPSHOT_MODES:
+            raise ConfigError(
+                f"[snapshot] mode {self.snapshot.mode!r} is not a mode: use {', '.join(SNAPSHOT_MODES)}"
+            )
+        if self.snapshot.progress not in ("auto", "tty", "log"):
+            raise ConfigError(f"[snapshot] progress {self.snapshot.progress!r} must be \"auto\", \"tty\" or \"log\"")
         if self.topic.min_insync_replicas > self.topic.replication_factor:
             raise ConfigError(
                 f"[topic] min_insync_replicas = {self.topic.min_insync_replicas} is more than replication_factor = "

@@ -21,7 +21,7 @@ import psycopg
 from cdc import pgoutput
 from cdc.changes import ChangeRenderer, NoKey, Record, Txn
 from cdc.config import Config, TopicConfig
-from cdc.events import KeyUnavailable
+from cdc.events import TRUNCATE_KEY, KeyUnavailable
 from cdc.metrics import Metrics
 from cdc.naming import topic_name
 from cdc.preflight import (
@@ -31,6 +31,7 @@ from cdc.preflight import (
     connect_catalog,
     ensure_publication,
     resolve_tables,
+    slot_state,
 )
 from cdc.producer import RECORD_OVERHEAD, Producer, ProducerError, RecordTooLarge, make_producer
 from cdc.replication import (
@@ -38,10 +39,17 @@ from cdc.replication import (
     ReplicationLost,
     format_lsn,
     parse_keepalive,
+    parse_lsn,
     parse_xlogdata,
 )
 from cdc.spill import SpillStore
 from cdc.topics import TopicAdmin, TopicError
+from snapshot.incremental import MESSAGE_PREFIX, IncrementalSnapshots
+from snapshot.initial import InitialSnapshot, SnapshotStopped, table_events
+from snapshot.plan import SnapshotRefused, captured_names
+from snapshot.plan import plan as plan_snapshot
+from snapshot.state import deliver, load_state, send_state, state_topic
+from snapshot.tables import describe
 
 log = logging.getLogger(__name__)
 
@@ -97,39 +105,113 @@ class Daemon:
         self._stream_xid: int | None = None
         self._table_counts: dict[str, int] = {}
         self._bytes = 0
+        self._exported: tuple[ReplicationConnection, str] | None = None
 
     # -- start-up -------------------------------------------------------------------------
-    def prepare(self) -> None:
-        """Preflight and setup: every bad input fails here with one line."""
+    def prepare(self, only_tables: list[str] | None = None, stop_when_done: bool = False) -> None:
+        """Preflight and setup: every bad input fails here with one line. For `cdc snapshot`:
+        `only_tables` limits the snapshot (not the capture), `stop_when_done` exits after it."""
         cfg = self.config
+        self._install_signals()
         self.catalog = connect_catalog(cfg)
         check_server(self.catalog)
-        tables = resolve_tables(self.catalog, cfg)
-        state = check_slot(self.catalog, cfg)
+        self.tables = resolve_tables(self.catalog, cfg)
         try:
             self.admin = TopicAdmin(cfg.topic)
         except TopicError as exc:
             raise PreflightError(str(exc)) from None
-        topics = [topic_name(cfg.topic.prefix, t.schema, t.table) for t in tables]
+        topics = [topic_name(cfg.topic.prefix, t.schema, t.table) for t in self.tables]
         try:
             infos = self.admin.ensure(topics)
+            infos.update(self.admin.ensure([state_topic(cfg.topic.prefix)], partitions=1))
+            state = load_state(cfg)
         except TopicError as exc:
             raise PreflightError(str(exc)) from None
         self._remember_topics(infos)
-        ensure_publication(self.catalog, cfg, tables)
-        if not state.exists:
-            repl = self._connect_replication()
-            created = repl.create_slot(cfg.source.slot)
-            repl.close()
-            log.info("created slot %s at %s", cfg.source.slot, format_lsn(created.consistent_point))
-            self.confirmed = created.consistent_point
-        else:
-            self.confirmed = state.confirmed_flush_lsn or 0
+        ensure_publication(self.catalog, cfg, self.tables)
+        slot = slot_state(self.catalog, cfg.source.slot)
+        try:
+            self.plan = plan_snapshot(
+                cfg.snapshot.mode, cfg.source.slot, cfg.topic.prefix, slot.exists, slot.wal_status == "lost", state,
+                [t.display for t in self.tables], captured_names(self.tables, only_tables),
+            )
+        except (SnapshotRefused, ValueError) as exc:
+            raise PreflightError(str(exc)) from None
+        self.plan.stop_when_done |= stop_when_done
+        if self.plan.drop_lost_slot:
+            log.warning("dropping slot %s, which lost WAL it needed, to take a new snapshot", cfg.source.slot)
+            self.catalog.conn.execute("SELECT pg_drop_replication_slot(%s)", (cfg.source.slot,))
+        elif slot.exists:
+            slot = check_slot(self.catalog, cfg)
+            self.confirmed = slot.confirmed_flush_lsn or 0
         self.renderer = ChangeRenderer(
             self.catalog, cfg.topic.prefix, self.catalog.database(), cfg.source.tables, cfg.events.schemas
         )
         self.spill = SpillStore(Path(cfg.daemon.spill_dir) / cfg.source.slot)
-        log.info("capturing %d tables from slot %s at %s", len(tables), cfg.source.slot, format_lsn(self.confirmed))
+        if self.plan.create_slot:
+            self._create_slot()
+        self.incremental = IncrementalSnapshots(cfg, self.catalog, self.tables, self.plan.state)
+        if self.plan.incremental:
+            self.incremental.request(self.plan.incremental)
+        log.info(
+            "capturing %d tables from slot %s at %s", len(self.tables), cfg.source.slot, format_lsn(self.confirmed)
+        )
+
+    def _create_slot(self) -> None:
+        """The durable state says "running" before the slot exists, so no crash from here on
+        can leave a slot whose snapshot counts as done."""
+        cfg, plan = self.config, self.plan
+        producer = self._producer()
+        send_state(producer, cfg.topic.prefix, plan.state)
+        if plan.truncate_first:
+            self._cut_off_older_rows(producer)
+        deliver(producer, cfg.topic.delivery_timeout_ms / 1000)
+        repl = self._connect_replication()
+        created = repl.create_slot(cfg.source.slot, export_snapshot=bool(plan.initial))
+        log.info("created slot %s at %s", cfg.source.slot, format_lsn(created.consistent_point))
+        self.confirmed = created.consistent_point
+        if plan.initial:
+            self._exported = (repl, created.snapshot_name)  # kept idle until the snapshot is read
+        else:
+            repl.close()
+            send_state(producer, cfg.topic.prefix, plan.state)
+            deliver(producer, cfg.topic.delivery_timeout_ms / 1000)
+
+    def _cut_off_older_rows(self, producer: Producer) -> None:
+        """A re-snapshot after a lost slot: rows deleted while the slot was gone would survive in
+        the compacted topic, so a truncate event below the new snapshot's position cuts off
+        everything older (every earlier commit is below the current WAL position)."""
+        row = self.catalog.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        position = parse_lsn(row[0]) - 1  # type: ignore[index]
+        for table in self.tables:
+            if table.display not in self.plan.initial:
+                continue
+            renderer_table = table_events(self.catalog, self.config, describe(self.catalog.conn, table))
+            source = renderer_table.source(time.time_ns() // 1000, "false", position, 0, None)
+            producer.send(renderer_table.topic, TRUNCATE_KEY, renderer_table.envelope("t", None, None, source))
+        log.warning("re-snapshot: older rows in the topics are cut off by truncate events at %s", format_lsn(position))
+
+    def _producer(self) -> Producer:
+        if self.producer is None:
+            self.producer = self.producer_factory(self.config.topic, dict(self.partition_counts))
+        return self.producer
+
+    def _initial_snapshot(self) -> None:
+        cfg, state = self.config, self.plan.state
+        repl, snapshot_name = self._exported
+        try:
+            state.consistent_point = self.confirmed
+            producer = self._producer()
+            chosen = [t for t in self.tables if t.display in self.plan.initial]
+            InitialSnapshot(
+                cfg, self.catalog, state, producer, self.partition_counts, self.topic_limits, lambda: self.stopping
+            ).run(snapshot_name, self.confirmed, chosen)
+            state.initial = "done"
+            send_state(producer, cfg.topic.prefix, state)
+            deliver(producer, cfg.topic.delivery_timeout_ms / 1000)
+        finally:
+            repl.close()
+            self._exported = None
 
     def _remember_topics(self, infos: dict) -> None:
         for name, info in infos.items():
@@ -155,7 +237,23 @@ class Daemon:
         repl_backoff = _Backoff("PostgreSQL replication connection")
         broker_backoff = _Backoff("Kafka broker")
         try:
-            while not self.stopping:
+            if self._exported is not None:
+                try:
+                    self._initial_snapshot()
+                except SnapshotStopped:
+                    log.info("stopped during the initial snapshot: the next start finishes it incrementally")
+                    self._finish(10)
+                    return 0
+                except _FATAL:
+                    raise
+                except Exception as exc:
+                    if not (isinstance(exc, psycopg.Error) or _is_producer_error(exc)):
+                        raise
+                    raise FatalError(
+                        f"the initial snapshot failed ({_first_line(exc)}): fix the cause and start again; the tables "
+                        "not yet complete are then snapshotted incrementally while streaming"
+                    ) from None
+            while not self.stopping and not self._snapshot_finished():
                 try:
                     if self.producer is None:
                         self.producer = self.producer_factory(cfg.topic, dict(self.partition_counts))
@@ -163,6 +261,7 @@ class Daemon:
                     self.catalog.ensure_connected()
                     self.repl = self._connect_replication()
                     self.renderer.reset()
+                    self.incremental.rewind()
                     self.spill.clear()
                     self.decoder = pgoutput.Decoder()
                     self._txn = None
@@ -214,8 +313,11 @@ class Daemon:
         assert repl is not None
         status_interval = self.config.source.status_interval_s
         handle = self._handle
-        while not self.stopping:
+        incremental = self.incremental
+        while not self.stopping and not self._snapshot_finished():
             self._advance()
+            if incremental.busy and incremental.chunk is None:
+                incremental.next_chunk()
             messages = repl.read(0.2)
             for message in messages:
                 kind = message[0]
@@ -251,7 +353,10 @@ class Daemon:
         msg = self.decoder.decode(payload)
         kind = type(msg)
         if kind in _CHANGES:
-            self._send(self.renderer.records(msg, self._txn, change_lsn))  # type: ignore[arg-type]
+            records = self.renderer.records(msg, self._txn, change_lsn)  # type: ignore[arg-type]
+            if self.incremental.chunk is not None:
+                self.incremental.saw(records, self._txn.xid)  # type: ignore[union-attr]
+            self._send(records)
         elif kind is pgoutput.Begin:
             self._txn = Txn(msg.final_lsn, msg.commit_ts_us, msg.xid)
         elif kind is pgoutput.Commit:
@@ -267,7 +372,27 @@ class Daemon:
             self._replay(msg)
         elif kind is pgoutput.StreamAbort:
             self.spill.abort(msg.xid, msg.subxid)
-        # Origin, Type and logical decoding Message carry nothing for the topics
+        elif kind is pgoutput.Message and msg.prefix == MESSAGE_PREFIX:
+            self._message(msg)
+        # Origin, Type and other logical decoding messages carry nothing for the topics
+
+    def _message(self, msg: pgoutput.Message) -> None:
+        """A snapshot signal or one of our watermarks. A signal's new state goes out with the
+        signal's own transaction, so the slot is never confirmed past an unrecorded request."""
+        records, changed = self.incremental.on_message(msg.content, msg.lsn, self._txn)
+        if records:
+            self._send(records)
+        if changed:
+            send_state(self.producer, self.config.topic.prefix, self.incremental.durable)  # type: ignore[arg-type]
+
+    def _snapshot_finished(self) -> bool:
+        """`initial_only`: stop once the snapshot is complete and acknowledged."""
+        if not self.plan.stop_when_done or self.incremental.busy or self.pending:
+            return False
+        if self.producer is not None and self.producer.in_flight():
+            return False
+        log.info("snapshot complete ([snapshot] mode = initial_only): stopping")
+        return True
 
     def _replay(self, commit: pgoutput.StreamCommit) -> None:
         """A streamed transaction committed: produce it from its spill file, in order."""
@@ -278,7 +403,10 @@ class Daemon:
             msg = decoder.decode(payload)
             kind = type(msg)
             if kind in _CHANGES:
-                self._send(self.renderer.records(msg, txn, change_lsn))
+                records = self.renderer.records(msg, txn, change_lsn)
+                if self.incremental.chunk is not None:
+                    self.incremental.saw(records, txn.xid)
+                self._send(records)
             elif kind is pgoutput.Relation:
                 self.renderer.relation(msg)
             if n % 5000 == 4999:
@@ -301,12 +429,7 @@ class Daemon:
         for record in records:
             size = len(record.key) + (len(record.value) if record.value is not None else 0)
             if size + RECORD_OVERHEAD > limits.get(record.topic, size + RECORD_OVERHEAD):
-                raise RecordTooLarge(
-                    f"record for table {record.table} key {record.key.decode(errors='replace')[:200]} is {size} "
-                    f"bytes, above topic {record.topic}'s max.message.bytes={limits[record.topic]}: raise [topic] "
-                    "max_message_bytes and the topic's max.message.bytes, then restart (nothing after this "
-                    "transaction was confirmed)"
-                )
+                raise RecordTooLarge.of(record.table, record.key, size, record.topic, limits[record.topic])
             send(record.topic, record.key, record.value)
             counts[record.table] = counts.get(record.table, 0) + 1
             self._bytes += size
@@ -336,6 +459,10 @@ class Daemon:
             self.metrics.transactions.inc()
         if not pending:
             producer.reached({})  # surfaces a failure even with no commit waiting
+        if self.incremental.progress:
+            state = self.incremental.confirmed(self.confirmed)
+            if state is not None:
+                send_state(producer, self.config.topic.prefix, state)
 
     def _send_status(self, force: bool = False) -> None:
         repl = self.repl
@@ -385,6 +512,7 @@ class Daemon:
         """Wait for outstanding acknowledgements, confirm what was acknowledged, let go."""
         try:
             self._drain(timeout_s)
+            self._drain(timeout_s)  # the snapshot progress the first drain confirmed
         except ProducerError as exc:
             log.error("records not acknowledged at shutdown (%s): they will be sent again on restart", exc)
         try:
@@ -392,6 +520,7 @@ class Daemon:
         except ReplicationLost:
             pass
         self._close_replication()
+        self.incremental.close()
         if self.producer is not None:
             self.producer.close()
         log.info("stopped at confirmed LSN %s", format_lsn(self.confirmed))

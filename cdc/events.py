@@ -89,9 +89,12 @@ class TableEvents:
         return orjson.dumps(parts)
 
     # -- envelopes ------------------------------------------------------------------------
-    def source(self, commit_ts_us: int, snapshot: str, commit_lsn: int, change_lsn: int, xid: int | None) -> bytes:
+    def source(
+        self, commit_ts_us: int, snapshot: str, commit_lsn: int, change_lsn: int, xid: int | None, lsn: int | None = None
+    ) -> bytes:
         """The serialized `source` block. What a transaction's events share is serialized once
-        per transaction; per event only the position is formatted in."""
+        per transaction; per event only the position is formatted in. `lsn` is the change LSN,
+        except for snapshot reads (position `(C, 0)`), which carry the snapshot's LSN C."""
         key = (commit_ts_us, snapshot, commit_lsn, xid)
         if key != self._source_key:
             self._source_key = key
@@ -110,7 +113,7 @@ class TableEvents:
             self._source_tail = b"," + orjson.dumps(tail)[1:-1] + b',"lsn":'
         # sequence is a string holding a JSON array: '"[\"<commit>\",\"<change>\"]"'
         return b'%b"[\\"%d\\",\\"%d\\"]"%b%d,"xmin":null}' % (
-            self._source_head, commit_lsn, change_lsn, self._source_tail, change_lsn
+            self._source_head, commit_lsn, change_lsn, self._source_tail, change_lsn if lsn is None else lsn
         )
 
     def envelope(self, op: str, before: dict | None, after: dict | None, source: bytes) -> bytes:

@@ -31,6 +31,14 @@ class ProducerError(Exception):
 class RecordTooLarge(Exception):
     """A single record can never be accepted under the current topic limit."""
 
+    @classmethod
+    def of(cls, table: str, key: bytes, size: int, topic: str, limit: int) -> RecordTooLarge:
+        return cls(
+            f"record for table {table} key {key.decode(errors='replace')[:200]} is {size} bytes, above topic "
+            f"{topic}'s max.message.bytes={limit}: raise [topic] max_message_bytes and the topic's "
+            "max.message.bytes, then restart (nothing after this transaction was confirmed)"
+        )
+
 
 Mark = dict[tuple[str, int], int]  # (topic, partition) -> records sent there so far
 

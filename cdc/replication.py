@@ -76,7 +76,11 @@ class ReplicationConnection:
         return SlotCreated(row[0], parse_lsn(row[1]), row[2])
 
     def start(self, slot: str, start_lsn: int, publication: str, protocol_version: int, streaming: bool) -> None:
-        options = [f"proto_version '{protocol_version}'", f"publication_names {quote_literal(quote_ident(publication))}"]
+        options = [
+            f"proto_version '{protocol_version}'",
+            f"publication_names {quote_literal(quote_ident(publication))}",
+            "messages 'true'",  # logical messages carry snapshot signals and watermarks
+        ]
         if streaming:
             options.append("streaming 'on'")
         command = f"START_REPLICATION SLOT {quote_ident(slot)} LOGICAL {format_lsn(start_lsn)} ({', '.join(options)})"

@@ -99,12 +99,12 @@ class TopicAdmin:
                 "([topic] security settings, ACLs)"
             ) from None
 
-    def ensure(self, names: list[str]) -> dict[str, TopicInfo]:
+    def ensure(self, names: list[str], partitions: int | None = None) -> dict[str, TopicInfo]:
         """Create the missing topics compacted; refuse existing non-compacted ones unless allowed."""
         with self._broker_errors("describe or create the topics"):
-            return self._ensure(names)
+            return self._ensure(names, partitions or self.config.partitions)
 
-    def _ensure(self, names: list[str]) -> dict[str, TopicInfo]:
+    def _ensure(self, names: list[str], partitions: int) -> dict[str, TopicInfo]:
         from kafka.admin import NewTopic
         from kafka.errors import KafkaError, TopicAlreadyExistsError
 
@@ -118,10 +118,10 @@ class TopicAdmin:
                         "[topic] allow_non_compacted = true to use it anyway"
                     )
                 log.warning("topic %s is not compacted (cleanup.policy=%s), as allowed", info.name, info.cleanup_policy)
-            if info.partitions != self.config.partitions:
+            if info.partitions != partitions:
                 log.info(
                     "topic %s exists with %d partitions ([topic] partitions = %d applies to new topics only)",
-                    info.name, info.partitions, self.config.partitions,
+                    info.name, info.partitions, partitions,
                 )
         missing = [n for n in names if n not in infos]
         if missing:
@@ -131,19 +131,19 @@ class TopicAdmin:
                 "max.message.bytes": str(self.config.max_message_bytes),
             }
             new = [
-                NewTopic(n, self.config.partitions, self.config.replication_factor, topic_configs=topic_configs)
+                NewTopic(n, partitions, self.config.replication_factor, topic_configs=topic_configs)
                 for n in missing
             ]
             for topic in new:
                 try:
                     self._admin.create_topics([topic])
-                    log.info("created topic %s (%d partitions, compacted)", topic.name, self.config.partitions)
+                    log.info("created topic %s (%d partitions, compacted)", topic.name, partitions)
                 except TopicAlreadyExistsError:  # another process won the race: check what it made
                     pass
                 except KafkaError as exc:
                     raise TopicError(
                         f"the broker refused to create topic {topic.name} ({_broker_reason(exc)}): fix [topic] "
-                        f"partitions = {self.config.partitions}, replication_factor = {self.config.replication_factor}, "
+                        f"partitions = {partitions}, replication_factor = {self.config.replication_factor}, "
                         f"min_insync_replicas = {self.config.min_insync_replicas} or max_message_bytes = "
                         f"{self.config.max_message_bytes} for this cluster, or create the topic yourself "
                         "with cleanup.policy=compact"

@@ -23,7 +23,7 @@ class TopicRecord:
 
 
 def read_topic(
-    config: TopicConfig, topic: str, follow: bool = False, from_end: bool = False, idle_timeout_s: float = 10.0
+    config: TopicConfig, topic: str, follow: bool = False, from_end: bool = False, idle_timeout_s: float = 60.0
 ) -> Iterator[TopicRecord]:
     """Every record of `topic` in per-partition offset order, partitions interleaved.
 

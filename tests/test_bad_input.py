@@ -130,7 +130,7 @@ CONFIG_CASES = {
     ),
     "unknown section, nothing close": (
         '[kafka]\nbootstrap_servers = "x"\n', {},
-        "unknown section [kafka] in {path}: remove it (sections: source, topic, events, daemon)",
+        "unknown section [kafka] in {path}: remove it (sections: source, topic, events, snapshot, daemon)",
     ),
     "bad type": (
         '[topic]\npartitions = "x"\n', {},

@@ -1,0 +1,32 @@
+"""COPY ... TO STDOUT text format: one row per line, tab-separated, backslash escapes.
+
+A COPY text value is the type's output function result, the same text pgoutput sends, so
+snapshot rows go through the very converters the streaming events use and give the same
+key bytes. COPY TO escapes only backslash, the control characters below and NULL (`\\N`).
+"""
+
+from __future__ import annotations
+
+import re
+
+_ESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r", "b": "\b", "f": "\f", "v": "\v"}
+_ESCAPE = re.compile(r"\\(.)")
+
+
+def _unescape(match: re.Match[str]) -> str:
+    char = match.group(1)
+    try:
+        return _ESCAPES[char]
+    except KeyError:
+        raise ValueError(f"unexpected COPY escape \\{char}") from None
+
+
+def parse_line(line: bytes | memoryview) -> list[str | None]:
+    """One COPY text line (with or without its newline) as column values, None for NULL."""
+    text = bytes(line).decode()
+    if text.endswith("\n"):
+        text = text[:-1]
+    fields = text.split("\t")
+    if "\\" not in text:
+        return fields  # type: ignore[return-value]
+    return [None if f == "\\N" else _ESCAPE.sub(_unescape, f) if "\\" in f else f for f in fields]

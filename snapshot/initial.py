@@ -1,0 +1,288 @@
+"""The initial snapshot, aligned to the slot: every row as an `op: "r"` event at `(C, 0)`.
+
+The slot is created with `SNAPSHOT 'export'` and its replication connection is kept idle
+until the end, so every reader can import that snapshot: the rows are exactly the state at
+the consistent point C, and streaming from C afterwards gives no gap and no duplicate.
+
+Readers are processes (rendering is CPU-bound Python), one COPY each: whole small tables,
+large ones split by primary-key ranges sampled inside the same snapshot. Each reader has
+its own producer; the coordinator emits each table's final row itself, so the Debezium
+markers ("last_in_data_collection", "last") land on rows that really are last.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+
+import psycopg
+
+from cdc.catalog import CapturedTable, Catalog
+from cdc.changes import ChangeRenderer, Record
+from cdc.config import Config
+from cdc.events import TableEvents
+from cdc.naming import qualified, quote_literal, topic_name
+from cdc.producer import RECORD_OVERHEAD, Producer, RecordTooLarge, make_producer
+from cdc.replication import format_lsn, pinned_conninfo
+from snapshot.copy_text import parse_line
+from snapshot.progress import Progress
+from snapshot.state import SnapshotState, deliver, send_state
+from snapshot.tables import SnapshotTable, describe
+
+log = logging.getLogger(__name__)
+
+SAMPLES_PER_RANGE = 64
+
+
+@dataclass(frozen=True)
+class Task:
+    """One COPY: a whole table, or the keys in (after, upto]."""
+
+    table: SnapshotTable
+    after: list[str] | None = None
+    upto: list[str] | None = None
+
+
+@dataclass
+class RangeDone:
+    rows: int
+    last: list[str | None] | None  # the final row, held back for the coordinator to mark
+
+
+@dataclass
+class _TableRun:
+    table: SnapshotTable
+    tasks: int
+    rows: int = 0
+    held: list[list[str | None]] = field(default_factory=list)
+
+
+class SnapshotStopped(Exception):
+    """SIGTERM/SIGINT during the snapshot: the state stays "running" and a restart finishes it."""
+
+
+# -- readers (worker processes) ---------------------------------------------------------------
+_progress_queue: multiprocessing.Queue | None = None
+
+
+def _init_worker(queue: multiprocessing.Queue) -> None:
+    global _progress_queue
+    _progress_queue = queue
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides when to stop
+
+
+def import_snapshot(dsn: str, snapshot_name: str, application_name: str) -> psycopg.Connection:
+    """A connection inside the exported snapshot, with the walsender's pinned settings."""
+    conn = psycopg.connect(pinned_conninfo(dsn, application_name=application_name), autocommit=True)
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    conn.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot_name)}")
+    return conn
+
+
+def table_events(catalog: Catalog, config: Config, table: SnapshotTable) -> TableEvents:
+    """The same renderer the stream uses, fed the relation described from the catalog."""
+    renderer = ChangeRenderer(catalog, config.topic.prefix, catalog.database(), [table.display], config.events.schemas)
+    renderer.relation(table.relation)
+    events = renderer.table(table.relation.oid)
+    assert events is not None
+    return events
+
+
+def read_range(
+    config: Config, snapshot_name: str, task: Task, position: int, ts_us: int, partitions: dict[str, int], limit: int
+) -> RangeDone:
+    """COPY one range, produce every row but the last, wait for the acknowledgements."""
+    catalog = Catalog(config.source.dsn)
+    conn = import_snapshot(config.source.dsn, snapshot_name, "cdc-snapshot")
+    producer = make_producer(config.topic, partitions)
+    try:
+        events = table_events(catalog, config, task.table)
+        source = events.source(ts_us, "true", position, 0, None, position)
+        send = _sender(producer, events, limit, config.daemon.max_pending_records)
+        rows, held = 0, None
+        with conn.cursor().copy(task.table.copy_sql(task.after, task.upto)) as copy:
+            for line in copy:
+                values = parse_line(line)
+                if held is not None:
+                    send(held, source)
+                    rows += 1
+                    if rows % 5000 == 0 and _progress_queue is not None:
+                        _progress_queue.put((task.table.display, 5000))
+                held = values
+        deliver(producer, config.topic.delivery_timeout_ms / 1000)
+        if _progress_queue is not None and rows % 5000:
+            _progress_queue.put((task.table.display, rows % 5000))
+        return RangeDone(rows, held)
+    finally:
+        producer.close()
+        conn.close()
+        catalog.close()
+
+
+def _sender(producer: Producer, events: TableEvents, limit: int, max_pending: int) -> Callable[[list, bytes], Record]:
+    """Render and send one row as a snapshot read; waits for acknowledgements when too many are pending."""
+    topic, name = events.topic, events.name
+    envelope, row, key_of, send = events.envelope, events.row, events.key, producer.send
+
+    def emit(values: list, source: bytes) -> Record:
+        after = row(values)
+        key = key_of(after)
+        value = envelope("r", None, after, source)
+        size = len(key) + len(value)
+        if size + RECORD_OVERHEAD > limit:
+            raise RecordTooLarge.of(name, key, size, topic, limit - RECORD_OVERHEAD)
+        send(topic, key, value)
+        if producer.in_flight() >= max_pending:
+            while producer.in_flight() > max_pending * 0.8:
+                producer.poll()
+                producer.reached({})
+                time.sleep(0.002)
+        return Record(topic, key, value, name)
+
+    return emit
+
+
+# -- the coordinator ----------------------------------------------------------------------
+class InitialSnapshot:
+    def __init__(
+        self, config: Config, catalog: Catalog, state: SnapshotState, producer: Producer,
+        partitions: dict[str, int], limits: dict[str, int], stopping: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.state = state
+        self.producer = producer
+        self.partitions = partitions
+        self.limits = limits
+        self.stopping = stopping
+
+    def run(self, snapshot_name: str, consistent_point: int, tables: list[CapturedTable]) -> None:
+        """Snapshot `tables` at C; each table is recorded done in the state once acknowledged."""
+        cfg = self.config
+        ts_us = time.time_ns() // 1000
+        with import_snapshot(cfg.source.dsn, snapshot_name, "cdc-snapshot-plan") as conn:
+            described = [describe(conn, t) for t in tables]
+            estimates = {t.display: _estimate(conn, t) for t in described}
+            tasks = [task for t in described for task in self._split(conn, t, estimates[t.display])]
+        log.info(
+            "snapshot of %d tables (~%d rows) at %s with %d readers",
+            len(described), sum(estimates.values()), format_lsn(consistent_point), cfg.snapshot.parallelism,
+        )
+        runs = {t.display: _TableRun(t, sum(1 for task in tasks if task.table is t)) for t in described}
+        progress = Progress(estimates, cfg.snapshot.progress)
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        pool = ProcessPoolExecutor(cfg.snapshot.parallelism, mp_context=ctx, initializer=_init_worker, initargs=(queue,))
+        futures: dict[Future, Task] = {}
+        try:
+            for task in tasks:
+                topic = _topic(cfg, task.table)
+                futures[pool.submit(
+                    read_range, cfg, snapshot_name, task, consistent_point, ts_us,
+                    {topic: self.partitions[topic]}, self.limits.get(topic, cfg.topic.max_message_bytes),
+                )] = task
+            held: tuple[SnapshotTable, list[str | None]] | None = None
+            outstanding = set(futures)
+            while outstanding:
+                if self.stopping():
+                    raise SnapshotStopped()
+                finished, outstanding = wait(outstanding, timeout=0.5, return_when=FIRST_COMPLETED)
+                _drain(queue, progress)
+                for future in finished:
+                    task = futures[future]
+                    done = future.result()  # a reader's error stops the snapshot here
+                    run = runs[task.table.display]
+                    run.tasks -= 1
+                    run.rows += done.rows
+                    if done.last is not None:
+                        run.held.append(done.last)
+                    if run.tasks == 0:
+                        held = self._table_complete(run, held, consistent_point, ts_us)
+                progress.show()
+            self._finish(held, consistent_point, ts_us)
+            progress.close()
+        finally:
+            for process in list(getattr(pool, "_processes", {}).values()):
+                if process.is_alive() and self.stopping():
+                    process.kill()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _split(self, conn: psycopg.Connection, table: SnapshotTable, estimate: int) -> list[Task]:
+        """Ranges of about `split_rows` rows from a sample of the keys (inside the same snapshot)."""
+        ranges = min(64, math.ceil(estimate / self.config.snapshot.split_rows))
+        if ranges < 2 or self.config.snapshot.parallelism < 2:
+            return [Task(table)]
+        percent = min(100.0, 100.0 * ranges * SAMPLES_PER_RANGE / max(estimate, 1))
+        with conn.cursor().copy(table.sample_keys_sql(percent)) as copy:
+            sample = [parse_line(line) for line in copy]
+        bounds: list[list[str]] = []
+        for i in range(1, ranges):
+            bound = sample[len(sample) * i // ranges] if sample else None
+            if bound is not None and (not bounds or bound != bounds[-1]):
+                bounds.append(bound)  # type: ignore[arg-type]
+        edges: list[list[str] | None] = [None, *bounds, None]
+        return [Task(table, edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+    def _table_complete(
+        self, run: _TableRun, held: tuple[SnapshotTable, list[str | None]] | None, position: int, ts_us: int
+    ) -> tuple[SnapshotTable, list[str | None]] | None:
+        """Emit a table's held-back rows; keep its very last one until we know whether it is the
+        snapshot's last. The previous table's last row is now known to be "last_in_data_collection"."""
+        if held is not None:
+            self._emit(held[0], held[1], "last_in_data_collection", position, ts_us)
+            self._mark_done(held[0])
+        rows = run.held
+        for values in rows[:-1]:
+            self._emit(run.table, values, "true", position, ts_us)
+        log.info("snapshot of %s: %d rows", run.table.display, run.rows + len(rows))
+        if rows:
+            return run.table, rows[-1]
+        self._mark_done(run.table)
+        return None
+
+    def _finish(self, held: tuple[SnapshotTable, list[str | None]] | None, position: int, ts_us: int) -> None:
+        if held is not None:
+            self._emit(held[0], held[1], "last", position, ts_us)
+            self._mark_done(held[0])
+
+    def _emit(self, table: SnapshotTable, values: list[str | None], marker: str, position: int, ts_us: int) -> None:
+        events = table_events(self.catalog, self.config, table)
+        topic = events.topic
+        limit = self.limits.get(topic, self.config.topic.max_message_bytes)
+        send = _sender(self.producer, events, limit, self.config.daemon.max_pending_records)
+        send(values, events.source(ts_us, marker, position, 0, None, position))
+
+    def _mark_done(self, table: SnapshotTable) -> None:
+        """Durable before the next table counts: the records and then the state acknowledged."""
+        deliver(self.producer, self.config.topic.delivery_timeout_ms / 1000)
+        self.state.mark_done(table.display)
+        send_state(self.producer, self.config.topic.prefix, self.state)
+        deliver(self.producer, self.config.topic.delivery_timeout_ms / 1000)
+
+
+def _topic(config: Config, table: SnapshotTable) -> str:
+    return topic_name(config.topic.prefix, table.captured.schema, table.captured.table)
+
+
+def _estimate(conn: psycopg.Connection, table: SnapshotTable) -> int:
+    """pg_class.reltuples when the table was ever analyzed, else a count in the snapshot."""
+    row = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s", (table.relation.oid,)).fetchone()
+    if row is not None and row[0] >= 0:
+        return int(row[0])
+    counted = conn.execute(f"SELECT count(*) FROM {qualified(table.captured.schema, table.captured.table)}").fetchone()
+    return int(counted[0]) if counted else 0
+
+
+def _drain(queue: multiprocessing.Queue, progress: Progress) -> None:
+    while True:
+        try:
+            table, rows = queue.get_nowait()
+        except Exception:
+            return
+        progress.add(table, rows)
