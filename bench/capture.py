@@ -940,7 +940,9 @@ def versions() -> str:
     with contextlib.suppress(Exception):
         import confluent_kafka
 
-        parts.append(f"confluent-kafka {confluent_kafka.version()[0]} / librdkafka {confluent_kafka.libversion()[0]}")
+        version = confluent_kafka.version()  # a str in recent releases, (str, int) in older ones
+        version = version[0] if isinstance(version, tuple) else version
+        parts.append(f"confluent-kafka {version} / librdkafka {confluent_kafka.libversion()[0]}")
     with contextlib.suppress(Exception):
         out = subprocess.run([str(find_pg_bin_dir() / "postgres"), "--version"], capture_output=True, text=True, timeout=10)
         parts.append(out.stdout.strip().replace("postgres (PostgreSQL) ", "PostgreSQL "))

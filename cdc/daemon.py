@@ -28,6 +28,7 @@ from cdc.preflight import (
     PreflightError,
     check_server,
     check_slot,
+    claim_slot,
     connect_catalog,
     ensure_publication,
     resolve_tables,
@@ -115,6 +116,7 @@ class Daemon:
         self._install_signals()
         self.catalog = connect_catalog(cfg)
         check_server(self.catalog)
+        claim_slot(self.catalog, cfg)
         self.tables = resolve_tables(self.catalog, cfg)
         try:
             self.admin = TopicAdmin(cfg.topic)
@@ -128,7 +130,6 @@ class Daemon:
         except TopicError as exc:
             raise PreflightError(str(exc)) from None
         self._remember_topics(infos)
-        ensure_publication(self.catalog, cfg, self.tables)
         slot = slot_state(self.catalog, cfg.source.slot)
         try:
             self.plan = plan_snapshot(
@@ -144,6 +145,7 @@ class Daemon:
         elif slot.exists:
             slot = check_slot(self.catalog, cfg)
             self.confirmed = slot.confirmed_flush_lsn or 0
+        ensure_publication(self.catalog, cfg, self.tables)
         self.renderer = ChangeRenderer(
             self.catalog, cfg.topic.prefix, self.catalog.database(), cfg.source.tables, cfg.events.schemas
         )
@@ -169,13 +171,13 @@ class Daemon:
         repl = self._connect_replication()
         created = repl.create_slot(cfg.source.slot, export_snapshot=bool(plan.initial))
         log.info("created slot %s at %s", cfg.source.slot, format_lsn(created.consistent_point))
-        self.confirmed = created.consistent_point
+        self.confirmed = plan.state.consistent_point = created.consistent_point
         if plan.initial:
             self._exported = (repl, created.snapshot_name)  # kept idle until the snapshot is read
         else:
             repl.close()
-            send_state(producer, cfg.topic.prefix, plan.state)
-            deliver(producer, cfg.topic.delivery_timeout_ms / 1000)
+        send_state(producer, cfg.topic.prefix, plan.state)  # from here on a snapshot was started through the slot
+        deliver(producer, cfg.topic.delivery_timeout_ms / 1000)
 
     def _cut_off_older_rows(self, producer: Producer) -> None:
         """A re-snapshot after a lost slot: rows deleted while the slot was gone would survive in
@@ -200,7 +202,6 @@ class Daemon:
         cfg, state = self.config, self.plan.state
         repl, snapshot_name = self._exported
         try:
-            state.consistent_point = self.confirmed
             producer = self._producer()
             chosen = [t for t in self.tables if t.display in self.plan.initial]
             InitialSnapshot(
@@ -361,6 +362,7 @@ class Daemon:
             self._txn = Txn(msg.final_lsn, msg.commit_ts_us, msg.xid)
         elif kind is pgoutput.Commit:
             self._committed(msg.end_lsn, msg.commit_ts_us)
+            self.incremental.note_commit(self._txn.xid)  # type: ignore[union-attr]
             self._txn = None
         elif kind is pgoutput.Relation:
             self.renderer.relation(msg)
@@ -417,6 +419,7 @@ class Daemon:
             commit.xid, format_lsn(commit.commit_lsn), n + 1,
         )
         self._committed(commit.end_lsn, commit.commit_ts_us)
+        self.incremental.note_commit(commit.xid)
 
     def _committed(self, end_lsn: int, commit_ts_us: int) -> None:
         self.pending.append((self.producer.mark(), end_lsn, commit_ts_us))  # type: ignore[union-attr]

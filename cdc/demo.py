@@ -38,6 +38,7 @@ SCRIPT = [
     ("delete an order", "DELETE FROM public.orders WHERE id = 101"),
     ("change a primary key", "UPDATE public.orders SET id = 200 WHERE id = 102"),
 ]
+BEFORE_CDC = 2  # the tables and the first customers exist before the daemon: they arrive as snapshot reads
 
 
 def _step(title: str) -> None:
@@ -63,7 +64,9 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
         dsn = pg.dsn()
         click.echo(f"PostgreSQL: {dsn}\nbroker:     {broker.bootstrap_servers}")
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(SCRIPT[0][1])
+            for title, sql in SCRIPT[:BEFORE_CDC]:
+                click.echo(f"  SQL ({title}, before cdc starts): {sql}")
+                conn.execute(sql)
         env = {
             **os.environ,
             "CDC_SOURCE_DSN": dsn,
@@ -72,7 +75,10 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
             "CDC_TOPIC_PREFIX": PREFIX,
             "CDC_DAEMON_SPILL_DIR": str(base / "spill"),
         }
-        _step("cdc run (the daemon): creates the publication, the slot and one compacted topic per table")
+        _step(
+            "cdc run (the daemon): creates the publication, the slot and one compacted topic per table, reads the "
+            "existing rows in a snapshot aligned to the slot (op=r), then streams"
+        )
         log = open(base / "cdc.log", "w", encoding="utf-8")  # noqa: SIM115 (lives as long as the daemon)
         daemon = subprocess.Popen([sys.executable, "-m", "cdc", "run"], env=env, stdout=log, stderr=subprocess.STDOUT)
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -83,7 +89,7 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
             )
             if daemon.poll() is not None:
                 raise click.ClickException("the daemon exited:\n" + (base / "cdc.log").read_text()[-2000:])
-            for title, sql in SCRIPT[1:]:
+            for title, sql in SCRIPT[BEFORE_CDC:]:
                 click.echo(f"  SQL ({title}): {sql}")
                 conn.execute(sql)
             target = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]

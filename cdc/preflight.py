@@ -286,6 +286,46 @@ def check_slot(catalog: Catalog, config: Config) -> SlotState:
         time.sleep(0.2)
 
 
+_LOCK_CLASS = 0x6364  # "cd": advisory locks of cdc, one per slot name
+
+_HOLDER_SQL = """
+SELECT l.pid FROM pg_locks l
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = hashtext(%s)::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+def claim_slot(catalog: Catalog, config: Config) -> None:
+    """One cdc process per slot, also while it snapshots (when no walsender holds the slot yet):
+    a session advisory lock that dies with the process's connection. Waits `slot_wait_s` for a
+    dying previous process, like `check_slot`."""
+    slot = config.source.slot
+    deadline = time.monotonic() + config.source.slot_wait_s
+    while True:
+        taken = catalog.conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_LOCK_CLASS, slot)).fetchone()
+        if taken is not None and taken[0]:
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    walsender = slot_state(catalog, slot).active_pid
+    if walsender is not None:
+        raise PreflightError(
+            f"slot {slot} is in use by PID {walsender} (another cdc run?): stop that process, "
+            "or set [source] slot to another name"
+        )
+    raise PreflightError(
+        f"slot {slot} is in use by another cdc process (PostgreSQL backend PID {slot_holder(catalog, slot)}) taking "
+        "its snapshot: wait for it to finish or stop it, or set [source] slot to another name"
+    )
+
+
+def slot_holder(catalog: Catalog, slot: str) -> int | None:
+    """The backend PID of the cdc process holding the slot's advisory lock, if any."""
+    row = catalog.conn.execute(_HOLDER_SQL, (_LOCK_CLASS, slot)).fetchone()
+    return None if row is None else row[0]
+
+
 def start_failure(config: Config, exc: BaseException) -> PreflightError:
     """A PostgreSQL error during start-up (after the checks above), as one line naming the fix."""
     text = redact_dsn(str(exc).strip()).replace("FATAL:  ", "").replace("ERROR:  ", "")

@@ -6,6 +6,7 @@ from typing import Any
 
 from cdc.config import Config
 from cdc.preflight import connect_catalog
+from cdc.replication import format_lsn
 from cdc.topics import TopicAdmin
 
 _SLOT_SQL = """
@@ -45,7 +46,27 @@ def collect(config: Config) -> dict[str, Any]:
         admin.close()
     return {
         "slot": slot,
+        "snapshot": _snapshot(config),
         "topics": {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in offsets.items()},
+    }
+
+
+def _snapshot(config: Config) -> dict[str, Any] | None:
+    """The slot's durable snapshot state (None before the first `cdc run`)."""
+    from snapshot.state import load_state
+
+    state = load_state(config)
+    if state is None:
+        return None
+    inc = state.incremental
+    return {
+        "initial": state.initial,
+        "consistent_point": None if state.consistent_point is None else format_lsn(state.consistent_point),
+        "complete_tables": state.done,
+        "incremental": None if inc is None else {
+            "current": inc.tables[0] if inc.tables else None, "queued": inc.tables[1:],
+            "chunks_done": inc.chunks, "rows_done": inc.rows,
+        },
     }
 
 
@@ -63,6 +84,18 @@ def render(status: dict[str, Any]) -> str:
         lines.append(f"  WAL retained         {slot['retained_wal_bytes']:,} bytes")
         lag_s = "n/a (no walsender)" if slot["lag_seconds"] is None else f"{slot['lag_seconds']:.3f} s"
         lines.append(f"  lag                  {slot['lag_bytes']:,} bytes, {lag_s}")
+    snap = status["snapshot"]
+    if snap is None:
+        lines.append("snapshot: none recorded yet (cdc run takes it)")
+    else:
+        at = f" at {snap['consistent_point']}" if snap["consistent_point"] else ""
+        lines.append(f"snapshot: initial {snap['initial']}{at}; {len(snap['complete_tables'])} tables complete")
+        inc = snap["incremental"]
+        if inc is not None:
+            queued = f", queued: {', '.join(inc['queued'])}" if inc["queued"] else ""
+            lines.append(
+                f"  incremental: {inc['current']} ({inc['chunks_done']} chunks, {inc['rows_done']:,} rows done){queued}"
+            )
     lines.append("topics:" if status["topics"] else "topics: none yet")
     for topic, parts in status["topics"].items():
         total = sum(parts.values())

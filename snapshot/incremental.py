@@ -39,6 +39,7 @@ from snapshot.tables import SnapshotTable, describe
 log = logging.getLogger(__name__)
 
 MESSAGE_PREFIX = "cdc"
+RECENT_COMMITS = 4096
 _XID_MASK = 0xFFFFFFFF
 
 
@@ -81,6 +82,7 @@ class IncrementalSnapshots:
         self.live = copy.deepcopy(durable)
         self.chunk: Chunk | None = None
         self.progress: deque[tuple[int, SnapshotState]] = deque()  # (watermark LSN, state after that chunk)
+        self.recent: dict[int, None] = {}  # xids of the last commits streamed, oldest first
         self._conn: psycopg.Connection | None = None
 
     # -- requests ----------------------------------------------------------------------------
@@ -115,7 +117,11 @@ class IncrementalSnapshots:
         if not isinstance(body, dict) or body.get("slot") != self.config.source.slot:
             return [], False  # for another daemon on the same database
         if body.get("type") == "snapshot":
-            return [], self.request([str(t) for t in body.get("tables", [])])
+            tables = body.get("tables")
+            if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
+                log.warning("ignoring a snapshot request at %s without a list of table names", format_lsn(lsn))
+                return [], False
+            return [], self.request(tables)
         if body.get("type") == "watermark" and self.chunk is not None and body.get("id") == self.chunk.watermark:
             assert txn is not None
             return self._close_chunk(txn, lsn), False
@@ -156,6 +162,10 @@ class IncrementalSnapshots:
             if not conn.closed and not conn.broken:
                 conn.execute("ROLLBACK")
             raise
+        visibility = Visibility(visible)
+        if not visibility.in_progress.isdisjoint(self.recent):
+            log.info("chunk of %s read while a streamed commit was not yet visible: reading it again", name)
+            return  # its watermark arrives without a chunk and is ignored
         events = table_events(self.catalog, self.config, table)
         rows: dict[bytes, dict] = {}
         for values in lines:
@@ -164,9 +174,20 @@ class IncrementalSnapshots:
         key_indexes = table.key_indexes
         last = [lines[-1][i] for i in key_indexes] if lines else None  # type: ignore[misc]
         self.chunk = Chunk(
-            table, events, watermark, Visibility(visible), rows, last,  # type: ignore[arg-type]
+            table, events, watermark, visibility, rows, last,  # type: ignore[arg-type]
             exhausted=len(lines) < self.config.snapshot.chunk_size,
         )
+
+    def note_commit(self, xid: int | None) -> None:
+        """A commit was streamed. PostgreSQL streams a commit once it is flushed, but a snapshot
+        sees it only a moment later (with synchronous replication, after the standby answered):
+        a chunk whose snapshot still counts such a transaction as running is read again."""
+        if xid is None:
+            return
+        recent = self.recent
+        recent[xid] = None
+        if len(recent) > RECENT_COMMITS:
+            del recent[next(iter(recent))]
 
     def saw(self, records: list[Record], xid: int | None) -> None:
         """A streamed change: drop its keys from the open chunk if the chunk could not see it."""
@@ -202,6 +223,8 @@ class IncrementalSnapshots:
             inc.after, inc.chunks, inc.rows = None, 0, 0
             if not inc.tables:
                 self.live.incremental = None
+                if self.live.initial == "running":  # an interrupted initial snapshot, now finished
+                    self.live.initial = "done"
         self.progress.append((lsn, copy.deepcopy(self.live)))
         return records
 

@@ -12,9 +12,12 @@ markers ("last_in_data_collection", "last") land on rows that really are last.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import math
 import multiprocessing
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -38,6 +41,7 @@ from snapshot.tables import SnapshotTable, describe
 log = logging.getLogger(__name__)
 
 SAMPLES_PER_RANGE = 64
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -71,10 +75,17 @@ class SnapshotStopped(Exception):
 _progress_queue: multiprocessing.Queue | None = None
 
 
-def _init_worker(queue: multiprocessing.Queue) -> None:
+def _init_worker(queue: multiprocessing.Queue, parent: int) -> None:
+    """A reader must never outlive its coordinator: after a `kill -9` of the daemon, an
+    orphan still producing snapshot rows would land them after the restarted daemon's
+    newer events (DESIGN.md: no snapshot rows from a second process while streaming)."""
     global _progress_queue
     _progress_queue = queue
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides when to stop
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the coordinator died before the line above took effect
+        os._exit(1)
 
 
 def import_snapshot(dsn: str, snapshot_name: str, application_name: str) -> psycopg.Connection:
@@ -178,7 +189,9 @@ class InitialSnapshot:
         progress = Progress(estimates, cfg.snapshot.progress)
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
-        pool = ProcessPoolExecutor(cfg.snapshot.parallelism, mp_context=ctx, initializer=_init_worker, initargs=(queue,))
+        pool = ProcessPoolExecutor(
+            cfg.snapshot.parallelism, mp_context=ctx, initializer=_init_worker, initargs=(queue, os.getpid())
+        )
         futures: dict[Future, Task] = {}
         try:
             for task in tasks:
@@ -202,6 +215,7 @@ class InitialSnapshot:
                     run.rows += done.rows
                     if done.last is not None:
                         run.held.append(done.last)
+                        progress.add(task.table.display, 1)
                     if run.tasks == 0:
                         held = self._table_complete(run, held, consistent_point, ts_us)
                 progress.show()

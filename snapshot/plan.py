@@ -36,7 +36,10 @@ def plan(
     mode: str, slot: str, prefix: str, slot_exists: bool, slot_lost: bool, state: SnapshotState | None,
     tables: list[str], only: list[str] | None = None,
 ) -> Plan:
-    had_snapshot = state is not None and (state.initial in ("running", "done") or bool(state.done))
+    # "running" without a consistent point: the slot creation itself failed, nothing was read
+    had_snapshot = state is not None and (
+        state.consistent_point is not None or state.initial == "done" or bool(state.done)
+    )
     if slot_exists and slot_lost:
         if mode != "when_needed":
             raise SnapshotRefused(

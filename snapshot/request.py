@@ -17,6 +17,7 @@ from cdc.preflight import (
     check_slot,
     connect_catalog,
     resolve_tables,
+    slot_holder,
     slot_state,
 )
 from snapshot.incremental import MESSAGE_PREFIX, signal_message
@@ -48,10 +49,11 @@ def request_incremental(config: Config, patterns: list[str], required: bool) -> 
         except ValueError as exc:
             raise PreflightError(str(exc)) from None
         state = load_state(config)
-        if state is not None and state.initial == "running" and active_pid is not None:
+        holder = slot_holder(catalog, slot)
+        if state is not None and state.initial == "running" and state.incremental is None and holder is not None:
             raise PreflightError(
-                f"the initial snapshot on slot {slot} is still running (PID {active_pid}): wait until it completes; "
-                "cdc status shows the slot"
+                f"the initial snapshot on slot {slot} is still running (PostgreSQL backend PID {holder}): wait "
+                "until it completes; cdc status shows its state"
             )
         queued = state.incremental.tables if state is not None and state.incremental else []
         busy = [n for n in names if n in queued]

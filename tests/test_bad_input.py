@@ -29,6 +29,7 @@ from tests.support import (
     slot_of,
     start_streaming,
     topic_records,
+    topic_table,
     wait_caught_up,
     wait_for,
     write_config,
@@ -547,7 +548,10 @@ def test_non_compacted_topic_is_refused_then_allowed(db, config_for, topic_prefi
     )
     assert confirmed_lsn(db.dsn, slot) == before
 
-    config = config_for(["public.t"], topic={"allow_non_compacted": True}, daemon={"log_level": "INFO"})
+    config = config_for(
+        ["public.t"], topic={"allow_non_compacted": True}, daemon={"log_level": "INFO"},
+        snapshot={"mode": "never"},  # the slot was made by hand: only the streamed rows matter here
+    )
     daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
     try:
         db.execute("INSERT INTO public.t VALUES (2, 'new')")
@@ -668,7 +672,8 @@ def test_lost_slot_says_how_to_recover(tight_db, tmp_path, broker_servers, topic
     config = write_config(tmp_path / "cdc.toml", dsn, broker_servers, topic_prefix, ["public.t"])
     message = refused(run(config))
     assert message == (
-        f"slot {slot} has lost WAL it needed (wal_status=lost), so changes are missing from it: drop it with "
+        f"slot {slot} has lost WAL it needed (wal_status=lost), so changes are missing from it: set [snapshot] "
+        f"mode = \"when_needed\" to drop it and take a new snapshot, or drop it yourself with "
         f"SELECT pg_drop_replication_slot('{slot}') and start again with a fresh snapshot of the tables"
     )
     # the evidence stays: the slot is neither dropped nor replaced, and it did not move
@@ -677,6 +682,75 @@ def test_lost_slot_says_how_to_recover(tight_db, tmp_path, broker_servers, topic
         assert conn.execute(
             "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)
         ).fetchall() == [("lost",)]
+
+
+def test_lost_slot_recovers_under_when_needed(tight_db, tmp_path, broker_servers, topic_prefix):
+    """mode = when_needed drops the lost slot, takes a new aligned snapshot and streams on."""
+    dsn = tight_db
+    slot = slot_of(topic_prefix)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+        def lost() -> bool:
+            conn.execute("INSERT INTO public.t (v) VALUES ('x')")
+            conn.execute("SELECT pg_switch_wal()")
+            conn.execute("CHECKPOINT")
+            row = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+            return row[0] == "lost"
+
+        wait_for(lost, 30, "PostgreSQL to mark the slot lost", poll=0)
+    config = write_config(
+        tmp_path / "cdc.toml", dsn, broker_servers, topic_prefix, ["public.t"],
+        snapshot={"mode": "when_needed"}, daemon={"log_level": "INFO"},
+    )
+    daemon = start_streaming(config, tmp_path / "daemon.log", dsn, slot)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO public.t (v) VALUES ('after')")
+        wait_caught_up(dsn, slot, daemon)
+    finally:
+        assert daemon.stop() == 0
+    assert f"dropping slot {slot}, which lost WAL it needed, to take a new snapshot" in daemon.output()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        source = {r[0]: r[1] for r in conn.execute("SELECT id, v FROM public.t").fetchall()}
+    table = topic_table(broker_servers, topic_prefix, "public", "t")
+    assert {json.loads(k)["id"]: v["v"] for k, v in table.state().items()} == source
+    assert table.order_violations() == []
+
+
+def test_dropped_slot_is_refused_then_resnapshot_cuts_off_old_rows(
+    db, tmp_path, broker_servers, topic_prefix, config_for
+):
+    """A slot gone after a snapshot: changes were missed. `initial` refuses; `when_needed` takes a
+    new snapshot, and rows deleted while the slot was gone leave the topic read as a table."""
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO public.t SELECT g, 'v' || g FROM generate_series(1, 50) g")
+    slot = slot_of(topic_prefix)
+    config = config_for(["public.t"], daemon={"log_level": "INFO"})
+    daemon = start_streaming(config, tmp_path / "first.log", db.dsn, slot)
+    wait_caught_up(db.dsn, slot, daemon)
+    assert daemon.stop() == 0
+    db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    db.execute("DELETE FROM public.t WHERE id <= 10")  # never captured: the slot is gone
+    db.execute("UPDATE public.t SET v = 'missed' WHERE id = 20")
+
+    message = refused(run(config))
+    assert message.startswith(f"slot {slot} is gone but the topics hold a snapshot taken through it")
+    assert 'set [snapshot] mode = "when_needed" to take a new snapshot' in message
+
+    config = config_for(["public.t"], daemon={"log_level": "INFO"}, snapshot={"mode": "when_needed"})
+    daemon = start_streaming(config, tmp_path / "second.log", db.dsn, slot)
+    try:
+        db.execute("UPDATE public.t SET v = 'streamed' WHERE id = 30")
+        wait_caught_up(db.dsn, slot, daemon)
+    finally:
+        assert daemon.stop() == 0
+    source = {r[0]: r[1] for r in db.fetchall("SELECT id, v FROM public.t")}
+    table = topic_table(broker_servers, topic_prefix, "public", "t")
+    assert {json.loads(k)["id"]: v["v"] for k, v in table.state().items()} == source
+    assert table.order_violations() == []
+    ops = [v["op"] for _, v in topic_records(broker_servers, topic_prefix, "public", "t") if v is not None]
+    assert ops.count("t") == 1 and ops.count("r") == 50 + 40
 
 
 def test_all_replication_slots_in_use(tight_db, tmp_path, broker_servers, topic_prefix):

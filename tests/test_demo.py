@@ -12,5 +12,6 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     assert "topic demo.public.customers" in out and "topic demo.public.orders" in out
     assert 'key={"id":101}  tombstone' in out  # the delete
     assert 'key={"id":200}  op=c' in out and 'key={"id":102}  op=d' in out  # the key change
+    assert 'key={"id":1}  op=r' in out and 'key={"id":2}  op=r' in out  # rows there before cdc: the snapshot
     assert "slot cdc: active" in out
     assert '"connector": "postgresql"' in out
