@@ -164,9 +164,10 @@ class Daemon:
         can leave a slot whose snapshot counts as done."""
         cfg, plan = self.config, self.plan
         producer = self._producer()
-        send_state(producer, cfg.topic.prefix, plan.state)
-        if plan.truncate_first:
+        if plan.truncate_first:  # acknowledged before the state: until it is replaced, a restart cuts off again
             self._cut_off_older_rows(producer)
+            deliver(producer, cfg.topic.delivery_timeout_ms / 1000)
+        send_state(producer, cfg.topic.prefix, plan.state)
         deliver(producer, cfg.topic.delivery_timeout_ms / 1000)
         repl = self._connect_replication()
         created = repl.create_slot(cfg.source.slot, export_snapshot=bool(plan.initial))
