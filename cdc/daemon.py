@@ -119,6 +119,10 @@ class Daemon:
         claim_slot(self.catalog, cfg)
         self.tables = resolve_tables(self.catalog, cfg)
         try:
+            only = captured_names(self.tables, only_tables)
+        except ValueError as exc:
+            raise PreflightError(str(exc)) from None
+        try:
             self.admin = TopicAdmin(cfg.topic)
         except TopicError as exc:
             raise PreflightError(str(exc)) from None
@@ -134,9 +138,9 @@ class Daemon:
         try:
             self.plan = plan_snapshot(
                 cfg.snapshot.mode, cfg.source.slot, cfg.topic.prefix, slot.exists, slot.wal_status == "lost", state,
-                [t.display for t in self.tables], captured_names(self.tables, only_tables),
+                [t.display for t in self.tables], only,
             )
-        except (SnapshotRefused, ValueError) as exc:
+        except SnapshotRefused as exc:
             raise PreflightError(str(exc)) from None
         self.plan.stop_when_done |= stop_when_done
         if self.plan.drop_lost_slot:
@@ -463,10 +467,6 @@ class Daemon:
             self.metrics.transactions.inc()
         if not pending:
             producer.reached({})  # surfaces a failure even with no commit waiting
-        if self.incremental.progress:
-            state = self.incremental.confirmed(self.confirmed)
-            if state is not None:
-                send_state(producer, self.config.topic.prefix, state)
 
     def _send_status(self, force: bool = False) -> None:
         repl = self.repl
@@ -478,6 +478,8 @@ class Daemon:
         repl.send_status(self.confirmed)
         self.last_status = now
         self.sent_confirmed = self.confirmed
+        if self.incremental.progress and self.incremental.progress[0][0] < self.confirmed:
+            self._record_progress()
         m = self.metrics
         m.acked_lsn.set(self.confirmed)
         m.server_lsn.set(self.server_wal_end)
@@ -490,6 +492,24 @@ class Daemon:
         self._table_counts.clear()
         m.bytes.inc(self._bytes)
         self._bytes = 0
+
+    def _record_progress(self, wait_s: float = 0.0) -> None:
+        """Incremental snapshot progress becomes durable only once the server's slot is past the
+        chunk's watermark: a restart from below it would resend older changes after the chunk."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            row = self.catalog.conn.execute(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                (self.config.source.slot,),
+            ).fetchone()
+            state = None if row is None or row[0] is None else self.incremental.confirmed(parse_lsn(row[0]))
+            if state is not None:
+                if self.producer is not None:
+                    send_state(self.producer, self.config.topic.prefix, state)
+                return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
     # -- recovery and shutdown --------------------------------------------------------------
     def _drain(self, timeout_s: float) -> None:
@@ -516,7 +536,6 @@ class Daemon:
         """Wait for outstanding acknowledgements, confirm what was acknowledged, let go."""
         try:
             self._drain(timeout_s)
-            self._drain(timeout_s)  # the snapshot progress the first drain confirmed
         except ProducerError as exc:
             log.error("records not acknowledged at shutdown (%s): they will be sent again on restart", exc)
         try:
@@ -524,6 +543,12 @@ class Daemon:
         except ReplicationLost:
             pass
         self._close_replication()
+        if self.incremental.progress and self.producer is not None:
+            try:  # the walsender applies the last status as it goes: then the progress behind it is safe
+                self._record_progress(wait_s=5)
+                self._drain(timeout_s)
+            except (ProducerError, psycopg.Error) as exc:
+                log.warning("snapshot progress not recorded at shutdown (%s): the last chunks are read again", exc)
         self.incremental.close()
         if self.producer is not None:
             self.producer.close()

@@ -302,8 +302,7 @@ def claim_slot(catalog: Catalog, config: Config) -> None:
     slot = config.source.slot
     deadline = time.monotonic() + config.source.slot_wait_s
     while True:
-        taken = catalog.conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_LOCK_CLASS, slot)).fetchone()
-        if taken is not None and taken[0]:
+        if try_claim_slot(catalog, slot):
             return
         if time.monotonic() >= deadline:
             break
@@ -318,6 +317,11 @@ def claim_slot(catalog: Catalog, config: Config) -> None:
         f"slot {slot} is in use by another cdc process (PostgreSQL backend PID {slot_holder(catalog, slot)}) taking "
         "its snapshot: wait for it to finish or stop it, or set [source] slot to another name"
     )
+
+
+def try_claim_slot(catalog: Catalog, slot: str) -> bool:
+    row = catalog.conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_LOCK_CLASS, slot)).fetchone()
+    return bool(row and row[0])
 
 
 def slot_holder(catalog: Catalog, slot: str) -> int | None:

@@ -126,7 +126,7 @@ class KafkaPythonProducer(_Counts):
             enable_idempotence=True,
             max_in_flight_requests_per_connection=5,
             linger_ms=config.linger_ms,
-            batch_size=config.batch_size,
+            batch_size=min(config.batch_size, config.max_message_bytes),  # a batch the topic accepts whole
             max_request_size=max(config.max_message_bytes + RECORD_OVERHEAD, config.batch_size),
             delivery_timeout_ms=config.delivery_timeout_ms,
             request_timeout_ms=min(30000, config.delivery_timeout_ms - config.linger_ms - 1),
@@ -202,7 +202,7 @@ class ConfluentProducer(_Counts):
             "enable.idempotence": True,
             "partitioner": "murmur2_random",
             "linger.ms": config.linger_ms,
-            "batch.size": config.batch_size,
+            "batch.size": min(config.batch_size, config.max_message_bytes),
             "message.max.bytes": max(config.max_message_bytes + RECORD_OVERHEAD, config.batch_size),
             "delivery.timeout.ms": config.delivery_timeout_ms,
             "queue.buffering.max.messages": 1000000,

@@ -40,7 +40,7 @@ from snapshot.tables import SnapshotTable, describe
 
 log = logging.getLogger(__name__)
 
-SAMPLES_PER_RANGE = 64
+SAMPLES_PER_RANGE = 1000  # keys sampled (whole pages, TABLESAMPLE SYSTEM) per range to place its bounds
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -147,7 +147,7 @@ def _sender(producer: Producer, events: TableEvents, limit: int, max_pending: in
         value = envelope("r", None, after, source)
         size = len(key) + len(value)
         if size + RECORD_OVERHEAD > limit:
-            raise RecordTooLarge.of(name, key, size, topic, limit - RECORD_OVERHEAD)
+            raise RecordTooLarge.of(name, key, size, topic, limit)
         send(topic, key, value)
         if producer.in_flight() >= max_pending:
             while producer.in_flight() > max_pending * 0.8:
@@ -248,17 +248,17 @@ class InitialSnapshot:
     ) -> tuple[SnapshotTable, list[str | None]] | None:
         """Emit a table's held-back rows; keep its very last one until we know whether it is the
         snapshot's last. The previous table's last row is now known to be "last_in_data_collection"."""
+        rows = run.held
+        log.info("snapshot of %s: %d rows", run.table.display, run.rows + len(rows))
+        if not rows:  # an empty table: the previous table's last row may still be the snapshot's last
+            self._mark_done(run.table)
+            return held
         if held is not None:
             self._emit(held[0], held[1], "last_in_data_collection", position, ts_us)
             self._mark_done(held[0])
-        rows = run.held
         for values in rows[:-1]:
             self._emit(run.table, values, "true", position, ts_us)
-        log.info("snapshot of %s: %d rows", run.table.display, run.rows + len(rows))
-        if rows:
-            return run.table, rows[-1]
-        self._mark_done(run.table)
-        return None
+        return run.table, rows[-1]
 
     def _finish(self, held: tuple[SnapshotTable, list[str | None]] | None, position: int, ts_us: int) -> None:
         if held is not None:

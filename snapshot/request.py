@@ -1,9 +1,10 @@
 """`cdc snapshot` with a slot in place: ask its daemon for an incremental snapshot.
 
 Snapshot rows may enter a topic only before streaming starts or inline through the
-streaming daemon (DESIGN.md), so this never reads a table itself: it writes a logical
-message into the WAL. The daemon reads it in order with the changes, whether it is
-streaming now or starts later, and records the request durably before confirming past it.
+streaming daemon (DESIGN.md), so this never reads a table itself. With the daemon running
+it writes a logical message into the WAL, which the daemon reads in order with the
+changes and records durably before confirming past it. With the daemon stopped (this
+process then holds the slot's lock) it queues the tables in the durable state directly.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from cdc.preflight import (
     resolve_tables,
     slot_holder,
     slot_state,
+    try_claim_slot,
 )
+from cdc.producer import make_producer
 from snapshot.incremental import MESSAGE_PREFIX, signal_message
 from snapshot.plan import captured_names
-from snapshot.state import load_state
+from snapshot.state import Incremental, SnapshotState, deliver, load_state, send_state, state_topic
 
 
 def request_incremental(config: Config, patterns: list[str], required: bool) -> bool:
@@ -42,14 +45,16 @@ def request_incremental(config: Config, patterns: list[str], required: bool) -> 
             return False
         if found.wal_status == "lost":
             check_slot(catalog, config)  # fails with the recovery steps
-        active_pid = found.active_pid
         tables = resolve_tables(catalog, config)
         try:
             names = captured_names(tables, patterns) or [t.display for t in tables]
         except ValueError as exc:
             raise PreflightError(str(exc)) from None
+        # Holding the slot's lock means no daemon runs (and none starts meanwhile): then the
+        # request goes straight into the durable state, where a second request can see it.
+        daemon_stopped = try_claim_slot(catalog, slot)
         state = load_state(config)
-        holder = slot_holder(catalog, slot)
+        holder = None if daemon_stopped else slot_holder(catalog, slot)
         if state is not None and state.initial == "running" and state.incremental is None and holder is not None:
             raise PreflightError(
                 f"the initial snapshot on slot {slot} is still running (PostgreSQL backend PID {holder}): wait "
@@ -62,15 +67,30 @@ def request_incremental(config: Config, patterns: list[str], required: bool) -> 
                 f"an incremental snapshot of {', '.join(busy)} is already running or queued on slot {slot}: wait "
                 "until it completes (cdc status shows its progress)"
             )
-        catalog.conn.execute(
-            "SELECT pg_logical_emit_message(true, %s, %s::text)",
-            (MESSAGE_PREFIX, signal_message(slot, names).decode()),
-        )
+        if daemon_stopped:
+            _queue_in_state(config, state or SnapshotState(slot, initial="running"), names)
+        else:
+            catalog.conn.execute(
+                "SELECT pg_logical_emit_message(true, %s, %s::text)",
+                (MESSAGE_PREFIX, signal_message(slot, names).decode()),
+            )
     finally:
         catalog.close()
-    who = f"the daemon streaming from slot {slot} (PID {active_pid})" if active_pid else (
-        f"slot {slot}'s daemon, which is not running: it takes the snapshot when cdc run starts"
+    who = f"slot {slot}'s daemon, which is not running: it takes the snapshot when cdc run starts" if daemon_stopped else (
+        f"the daemon streaming from slot {slot}"
     )
     click.echo(f"requested an incremental snapshot of {', '.join(names)} from {who}")
     return True
 
+
+
+def _queue_in_state(config: Config, state: SnapshotState, names: list[str]) -> None:
+    if state.incremental is None:
+        state.incremental = Incremental([])
+    state.incremental.tables.extend(names)
+    producer = make_producer(config.topic, {state_topic(config.topic.prefix): 1})
+    try:
+        send_state(producer, config.topic.prefix, state)
+        deliver(producer, config.topic.delivery_timeout_ms / 1000)
+    finally:
+        producer.close()

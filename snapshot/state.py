@@ -79,8 +79,15 @@ def send_state(producer: Producer, prefix: str, state: SnapshotState) -> None:
 
 
 def deliver(producer: Producer, timeout_s: float) -> None:
-    """Wait until every record sent so far is acknowledged; raise if one failed or time ran out."""
-    producer.flush(timeout_s)
-    producer.reached({})
-    if producer.in_flight():
-        raise ProducerError(f"{producer.in_flight()} records not acknowledged within {timeout_s:.0f} s")
+    """Wait until every record sent so far is acknowledged; raise if one failed or time ran out.
+    Counts acknowledgements rather than trusting flush(): kafka-python's flush returns early
+    when the broker made it split a batch and the pieces are still on their way."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        producer.flush(max(0.1, deadline - time.monotonic()))
+        producer.reached({})  # raises the first failure
+        if not producer.in_flight():
+            return
+        if time.monotonic() >= deadline:
+            raise ProducerError(f"{producer.in_flight()} records not acknowledged within {timeout_s:.0f} s")
+        time.sleep(0.01)
