@@ -426,6 +426,42 @@ def test_incremental_snapshot_with_kill_9_in_the_middle(tmp_path, db, broker_ser
     assert "incremental snapshot of public.acct complete" in daemon.output()
 
 
+def test_table_added_to_the_capture_is_snapshotted_incrementally(tmp_path, db, broker_servers, topic_prefix, launch):
+    """Adding a table to [source] tables and restarting: streaming resumes where it stopped and
+    the new table is read in chunks while its writers keep going; the first table is not read again."""
+    db.execute("CREATE TABLE public.first (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO public.first SELECT g, 'f' || g FROM generate_series(1, 500) g")
+    populate(db, 30000)
+    slot = slot_of(topic_prefix)
+    log = tmp_path / "daemon.log"
+    config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.first"])
+    daemon = launch(config, log)
+    wait_streaming(daemon, db.dsn, slot)
+    assert daemon.stop() == 0
+    config = write_config(
+        tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.first", "public.acct"],
+        snapshot={"chunk_size": 1000},
+    )
+    with Writers(db.dsn, keys=30000, hot=300):
+        daemon = launch(config, log)
+        wait_streaming(daemon, db.dsn, slot)
+        db.execute("UPDATE public.first SET v = 'changed' WHERE id <= 10")
+        wait_state(config, daemon, "the new table's snapshot", lambda s: "public.acct" in s.done)
+    wait_caught_up(db.dsn, slot, daemon)
+    assert daemon.stop() == 0
+    assert "incremental snapshot queued for public.acct" in daemon.output()
+    records = read_records(broker_servers, topic_prefix, "public", "acct")
+    assert_equals_source(build(records), db.dsn, "SELECT id, version, note FROM public.acct")
+    assert build(records).order_violations() == []
+    reads = {e["source"]["snapshot"] for _, e in events(records) if e is not None and e["op"] == "r"}
+    assert reads == {"incremental"}
+    first = events(read_records(broker_servers, topic_prefix, "public", "first"))
+    assert sum(1 for _, e in first if e is not None and e["op"] == "r") == 500  # its initial snapshot, once
+    assert_equals_source(
+        build(read_records(broker_servers, topic_prefix, "public", "first")), db.dsn, "SELECT id, v FROM public.first"
+    )
+
+
 def test_incremental_progress_is_recorded_only_behind_the_slot(tmp_path, db, broker_servers, topic_prefix, launch):
     """What keeps a kill -9 during an incremental snapshot harmless: a chunk may count as done
     in the durable state only once the slot's confirmed position is past its watermark H.

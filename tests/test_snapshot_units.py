@@ -978,3 +978,22 @@ def test_copy_sql_key_arity_must_match() -> None:
 )
 def test_sample_keys_sql(table: SnapshotTable, percent: float, sql: str) -> None:
     assert table.sample_keys_sql(percent) == sql
+
+
+# -- progress display --------------------------------------------------------------------------
+def test_progress_line_shows_rows_rate_and_eta(monkeypatch):
+    from snapshot import progress as progress_module
+
+    now = [1000.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    progress = progress_module.Progress({"public.t": 100_000, "public.empty": 0}, mode="log")
+    now[0] += 10.0
+    progress.add("public.t", 25_000)
+    assert progress.line("public.t", now[0]) == (
+        "snapshot public.t: 25,000/100,000 rows (25%), 2,500 rows/s, ETA 30 s"
+    )
+    assert progress.line("public.empty", now[0]) == "snapshot public.empty: 0/0 rows (100%), 0 rows/s, done"
+    progress.add("public.t", 80_000)  # more rows than estimated: the estimate follows
+    assert progress.line("public.t", now[0]) == (
+        "snapshot public.t: 105,000/105,000 rows (100%), 10,500 rows/s, done"
+    )
