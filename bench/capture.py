@@ -53,6 +53,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1284,29 +1285,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def drive(bench: Any, has_results: Callable[[], bool]) -> bool:
+    """Run a bench; Ctrl-C, SIGTERM and SIGHUP stop everything it started. Prints its report
+    (what was measured so far) in any case; False when interrupted."""
 
     def interrupted(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGHUP, interrupted)
-    bench = Bench(args)
     try:
         bench.run()
     except KeyboardInterrupt:
         bench.failed = True
         print("\ninterrupted: stopping everything this run started", file=sys.stderr)
-        return 130
+        return False
     except BaseException:
         bench.failed = True
         raise
     finally:
         bench.close()
-        if bench.results:
+        if has_results():
             print(bench.report())
-    return 0
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    bench = Bench(parse_args(argv))
+    return 0 if drive(bench, lambda: bool(bench.results)) else 130
 
 
 if __name__ == "__main__":

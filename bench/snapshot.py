@@ -64,6 +64,7 @@ from capture import (
     _f,
     cpu_seconds,
     create_topic,
+    drive,
     read_topic_summary,
     versions,
 )
@@ -570,27 +571,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-
-    def interrupted(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGHUP, interrupted)
-    bench = SnapshotBench(args)
-    try:
-        bench.run()
-    except KeyboardInterrupt:
-        bench.failed = True
-        print("\ninterrupted: stopping everything this run started", file=sys.stderr)
+    bench = SnapshotBench(parse_args(argv))
+    if not drive(bench, lambda: bool(bench.copies or bench.snapshots)):
         return 130
-    except BaseException:
-        bench.failed = True
-        raise
-    finally:
-        bench.close()
-        if bench.copies or bench.snapshots:
-            print(bench.report())
     return 1 if any(not r.ok for r in bench.snapshots.values()) else 0
 
 

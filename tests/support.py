@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -176,3 +178,62 @@ def source_table(dsn: str, sql: str, key: str = "id") -> dict[bytes, dict[str, A
         names = [d.name for d in cur.description]
         rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
     return {orjson.dumps({key: row[key]}): row for row in rows}
+
+
+ACCT = "CREATE TABLE public.acct (id int PRIMARY KEY, version int NOT NULL, note text)"
+
+
+class Writers:
+    """Concurrent inserts, updates and deletes on public.acct until stopped. Every update
+    raises `version` by one; an insert starts a row at version 1."""
+
+    def __init__(self, dsn: str, threads: int = 2, keys: int = 1000, hot: int = 200, pause_s: float = 0.002) -> None:
+        self.dsn, self.keys, self.hot, self.pause_s = dsn, keys, hot, pause_s
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.commits = 0
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+
+    def __enter__(self) -> Writers:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+        assert not self.errors, self.errors
+
+    def _key(self, rng: random.Random) -> int:
+        return rng.randrange(self.hot) if rng.random() < 0.6 else rng.randrange(self.keys)
+
+    def _run(self, seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stop.is_set():
+                    key = self._key(rng)
+                    roll = rng.random()
+                    with conn.transaction():
+                        if roll < 0.4:
+                            conn.execute(
+                                "INSERT INTO public.acct VALUES (%s, 1, %s) ON CONFLICT (id) "
+                                "DO UPDATE SET version = acct.version + 1, note = excluded.note",
+                                (key, f"w{seed}-{rng.random()}"),
+                            )
+                        elif roll < 0.88:
+                            conn.execute(
+                                "UPDATE public.acct SET version = version + 1, note = %s WHERE id = %s",
+                                (f"u{seed}-{rng.random()}", key),
+                            )
+                        else:
+                            conn.execute("DELETE FROM public.acct WHERE id = %s", (key,))
+                        if rng.random() < 0.2:  # some multi-row transactions
+                            conn.execute(
+                                "UPDATE public.acct SET version = version + 1 WHERE id = %s", (self._key(rng),)
+                            )
+                    self.commits += 1
+                    time.sleep(self.pause_s)
+        except BaseException as exc:  # noqa: BLE001 (reported by __exit__)
+            self.errors.append(exc)

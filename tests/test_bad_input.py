@@ -654,9 +654,8 @@ def tight_db(tight_pg, request) -> Iterator[str]:
         tight_pg.drop_database(name)
 
 
-def test_lost_slot_says_how_to_recover(tight_db, tmp_path, broker_servers, topic_prefix):
-    dsn = tight_db
-    slot = slot_of(topic_prefix)
+def make_lost_slot(dsn: str, slot: str) -> int:
+    """A slot whose WAL is gone (wal_status lost); returns its confirmed_flush_lsn."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         before = confirmed_lsn(dsn, slot)
@@ -669,6 +668,13 @@ def test_lost_slot_says_how_to_recover(tight_db, tmp_path, broker_servers, topic
             return row[0] == "lost"
 
         wait_for(lost, 30, "PostgreSQL to mark the slot lost", poll=0)
+    return before
+
+
+def test_lost_slot_says_how_to_recover(tight_db, tmp_path, broker_servers, topic_prefix):
+    dsn = tight_db
+    slot = slot_of(topic_prefix)
+    before = make_lost_slot(dsn, slot)
     config = write_config(tmp_path / "cdc.toml", dsn, broker_servers, topic_prefix, ["public.t"])
     message = refused(run(config))
     assert message == (
@@ -688,17 +694,7 @@ def test_lost_slot_recovers_under_when_needed(tight_db, tmp_path, broker_servers
     """mode = when_needed drops the lost slot, takes a new aligned snapshot and streams on."""
     dsn = tight_db
     slot = slot_of(topic_prefix)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-
-        def lost() -> bool:
-            conn.execute("INSERT INTO public.t (v) VALUES ('x')")
-            conn.execute("SELECT pg_switch_wal()")
-            conn.execute("CHECKPOINT")
-            row = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
-            return row[0] == "lost"
-
-        wait_for(lost, 30, "PostgreSQL to mark the slot lost", poll=0)
+    make_lost_slot(dsn, slot)
     config = write_config(
         tmp_path / "cdc.toml", dsn, broker_servers, topic_prefix, ["public.t"],
         snapshot={"mode": "when_needed"}, daemon={"log_level": "INFO"},

@@ -18,7 +18,9 @@ from cdc import config as cdc_config
 from cdc.daemon import Daemon
 from cdc.producer import ProducerError, make_producer
 from tests.support import (
+    ACCT,
     DaemonProcess,
+    Writers,
     slot_of,
     source_table,
     start_streaming,
@@ -29,57 +31,10 @@ from tests.support import (
 )
 
 
-class Writers:
-    """Concurrent random inserts, updates and deletes on public.acct until stopped."""
-
-    def __init__(self, dsn: str, threads: int = 3, keys: int = 300) -> None:
-        self.dsn, self.keys = dsn, keys
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
-        self.commits = 0
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
-
-    def __enter__(self) -> Writers:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
-        assert not self.errors, self.errors
-
-    def _run(self, seed: int) -> None:
-        rng = random.Random(seed)
-        try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                while not self.stop.is_set():
-                    key = rng.randrange(self.keys)
-                    roll = rng.random()
-                    with conn.transaction():
-                        if roll < 0.5:
-                            conn.execute(
-                                "INSERT INTO public.acct VALUES (%s, 1, %s) "
-                                "ON CONFLICT (id) DO UPDATE SET v = acct.v + 1, note = excluded.note",
-                                (key, f"w{seed}-{rng.random()}"),
-                            )
-                        elif roll < 0.85:
-                            conn.execute("UPDATE public.acct SET v = v + 1 WHERE id = %s", (key,))
-                        else:
-                            conn.execute("DELETE FROM public.acct WHERE id = %s", (key,))
-                        if rng.random() < 0.2:  # some multi-row transactions
-                            conn.execute("UPDATE public.acct SET v = v + 1 WHERE id = %s", ((key + 7) % self.keys,))
-                    self.commits += 1
-                    time.sleep(0.001)
-        except BaseException as exc:  # noqa: BLE001 (reported by __exit__)
-            self.errors.append(exc)
-
-
 def assert_topic_equals_source(db, servers: str, prefix: str) -> None:
     table = topic_table(servers, prefix, "public", "acct")
     assert table.order_violations() == []
-    expected = source_table(db.dsn, "SELECT id, v, note FROM public.acct")
+    expected = source_table(db.dsn, "SELECT id, version, note FROM public.acct")
     got = table.state()
     missing = set(expected) - set(got)
     extra = set(got) - set(expected)
@@ -88,13 +43,13 @@ def assert_topic_equals_source(db, servers: str, prefix: str) -> None:
 
 
 def test_kill_9_at_random_moments_loses_nothing(tmp_path, db, broker_servers, topic_prefix):
-    db.execute("CREATE TABLE public.acct (id int PRIMARY KEY, v int NOT NULL, note text)")
+    db.execute(ACCT)
     config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.acct"])
     slot = slot_of(topic_prefix)
     rng = random.Random(7)
     log = tmp_path / "daemon.log"
     first = start_streaming(config, log, db.dsn, slot)
-    with Writers(db.dsn) as writers:
+    with Writers(db.dsn, threads=3, keys=300, hot=300) as writers:
         daemon = first
         for _ in range(4):
             time.sleep(rng.uniform(1.0, 3.0))
@@ -110,14 +65,14 @@ def test_kill_9_at_random_moments_loses_nothing(tmp_path, db, broker_servers, to
 
 
 def test_broker_restart_mid_stream(tmp_path, db, local_broker, topic_prefix):
-    db.execute("CREATE TABLE public.acct (id int PRIMARY KEY, v int NOT NULL, note text)")
+    db.execute(ACCT)
     servers = local_broker.bootstrap_servers
     config = write_config(
         tmp_path / "cdc.toml", db.dsn, servers, topic_prefix, ["public.acct"], topic={"delivery_timeout_ms": 8000}
     )
     slot = slot_of(topic_prefix)
     daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
-    with Writers(db.dsn):
+    with Writers(db.dsn, threads=3, keys=300, hot=300):
         time.sleep(2)
         local_broker.stop()  # graceful: noida-db keeps acknowledged records only then (ENVIRONMENT.md)
         time.sleep(12)  # longer than delivery_timeout_ms: sends fail and the daemon rewinds
@@ -157,7 +112,7 @@ class _FailOnce:
 
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_producer_error_mid_batch_rewinds(tmp_path, db, broker_servers, topic_prefix, client):
-    db.execute("CREATE TABLE public.acct (id int PRIMARY KEY, v int NOT NULL, note text)")
+    db.execute(ACCT)
     path = write_config(
         tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.acct"], topic={"client": client}
     )
@@ -193,7 +148,7 @@ def test_producer_error_mid_batch_rewinds(tmp_path, db, broker_servers, topic_pr
 
 
 def test_slot_dropped_underneath_stops_with_the_recovery_steps(tmp_path, db, broker_servers, topic_prefix):
-    db.execute("CREATE TABLE public.acct (id int PRIMARY KEY, v int NOT NULL, note text)")
+    db.execute(ACCT)
     config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.acct"])
     slot = slot_of(topic_prefix)
     daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)

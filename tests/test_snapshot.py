@@ -7,7 +7,6 @@ contiguous (the snapshot and the stream meet exactly: no change lost, none appli
 
 from __future__ import annotations
 
-import random
 import re
 import threading
 import time
@@ -26,7 +25,9 @@ from compaction.reader import TopicRecord, read_topic
 from compaction.table import TopicTable, build, payload_of, position_of
 from snapshot.state import SnapshotState, load_state, state_topic
 from tests.support import (
+    ACCT,
     DaemonProcess,
+    Writers,
     cdc,
     slot_active,
     slot_of,
@@ -40,66 +41,10 @@ SOURCE_KEYS = [
     "version", "connector", "name", "ts_ms", "ts_us", "ts_ns", "snapshot", "db",
     "sequence", "schema", "table", "txId", "lsn", "xmin",
 ]
-ACCT = "CREATE TABLE public.acct (id int PRIMARY KEY, version int NOT NULL, note text)"
+
 
 
 # -- helpers ------------------------------------------------------------------------------------
-class Writers:
-    """Concurrent inserts, updates and deletes on public.acct until stopped. Every update
-    raises `version` by one; an insert starts a row at version 1."""
-
-    def __init__(self, dsn: str, threads: int = 2, keys: int = 1000, hot: int = 200, pause_s: float = 0.002) -> None:
-        self.dsn, self.keys, self.hot, self.pause_s = dsn, keys, hot, pause_s
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
-        self.commits = 0
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
-
-    def __enter__(self) -> Writers:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
-        assert not self.errors, self.errors
-
-    def _key(self, rng: random.Random) -> int:
-        return rng.randrange(self.hot) if rng.random() < 0.6 else rng.randrange(self.keys)
-
-    def _run(self, seed: int) -> None:
-        rng = random.Random(seed)
-        try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                while not self.stop.is_set():
-                    key = self._key(rng)
-                    roll = rng.random()
-                    with conn.transaction():
-                        if roll < 0.4:
-                            conn.execute(
-                                "INSERT INTO public.acct VALUES (%s, 1, %s) ON CONFLICT (id) "
-                                "DO UPDATE SET version = acct.version + 1, note = excluded.note",
-                                (key, f"w{seed}-{rng.random()}"),
-                            )
-                        elif roll < 0.88:
-                            conn.execute(
-                                "UPDATE public.acct SET version = version + 1, note = %s WHERE id = %s",
-                                (f"u{seed}-{rng.random()}", key),
-                            )
-                        else:
-                            conn.execute("DELETE FROM public.acct WHERE id = %s", (key,))
-                        if rng.random() < 0.2:  # some multi-row transactions
-                            conn.execute(
-                                "UPDATE public.acct SET version = version + 1 WHERE id = %s", (self._key(rng),)
-                            )
-                    self.commits += 1
-                    time.sleep(self.pause_s)
-        except BaseException as exc:  # noqa: BLE001 (reported by __exit__)
-            self.errors.append(exc)
-
-
 def populate(db, rows: int) -> None:
     db.execute(ACCT)
     db.execute(
@@ -308,6 +253,26 @@ def wait_state(
     return wait_for(check, timeout, what, poll=poll)
 
 
+def restart_until_complete(launch, config: Path, log: Path, dsn: str, slot: str, writers: Writers) -> DaemonProcess:
+    """After a kill: a new daemon, until public.acct's snapshot is complete (writers still writing)."""
+    daemon = launch(config, log)
+    wait_streaming(daemon, dsn, slot)
+    wait_state(config, daemon, "the snapshot to complete",
+               lambda s: s.done == ["public.acct"] and s.incremental is None, timeout=180)
+    assert writers.commits > 200
+    return daemon
+
+
+def assert_recovered(daemon: DaemonProcess, dsn: str, slot: str, servers: str, prefix: str) -> list[TopicRecord]:
+    """Caught up and stopped: the topic equals the source, every key's history is whole."""
+    wait_caught_up(dsn, slot, daemon)
+    assert daemon.stop() == 0
+    records = read_records(servers, prefix, "public", "acct")
+    assert_equals_source(build(records), dsn, "SELECT id, version, note FROM public.acct")
+    assert history_problems(records, snapshot_first=False, crashed=True) == []
+    return records
+
+
 # -- 1. the aligned initial snapshot -------------------------------------------------------------
 def test_aligned_snapshot_under_concurrent_writes(tmp_path, db, broker_servers, topic_prefix, launch):
     populate(db, 20000)
@@ -377,16 +342,8 @@ def test_kill_9_during_initial_snapshot_then_restart(tmp_path, db, broker_server
         assert "snapshot read" not in daemon.output()  # killed in the middle, not after
         state = state_of(config)
         assert state is not None and state.initial == "running" and state.done == []
-        daemon = launch(config, log)
-        wait_streaming(daemon, db.dsn, slot)
-        wait_state(config, daemon, "the interrupted snapshot to complete",
-                   lambda s: s.done == ["public.acct"] and s.incremental is None, timeout=180)
-        assert writers.commits > 200
-    wait_caught_up(db.dsn, slot, daemon)
-    assert daemon.stop() == 0
-    records = read_records(broker_servers, topic_prefix, "public", "acct")
-    assert_equals_source(build(records), db.dsn, "SELECT id, version, note FROM public.acct")
-    assert history_problems(records, snapshot_first=False, crashed=True) == []
+        daemon = restart_until_complete(launch, config, log, db.dsn, slot, writers)
+    assert_recovered(daemon, db.dsn, slot, broker_servers, topic_prefix)
 
 
 # -- 3. an incremental snapshot under writes, kill -9 in the middle ------------------------------
@@ -411,16 +368,8 @@ def test_incremental_snapshot_with_kill_9_in_the_middle(tmp_path, db, broker_ser
         progress = state_of(config)
         assert progress is not None and progress.incremental is not None
         assert progress.incremental.tables == ["public.acct"] and progress.incremental.rows < 200000
-        daemon = launch(config, log)
-        wait_streaming(daemon, db.dsn, slot)
-        wait_state(config, daemon, "the incremental snapshot to complete",
-                   lambda s: s.done == ["public.acct"] and s.incremental is None, timeout=180)
-        assert writers.commits > 200
-    wait_caught_up(db.dsn, slot, daemon)
-    assert daemon.stop() == 0
-    records = read_records(broker_servers, topic_prefix, "public", "acct")
-    assert_equals_source(build(records), db.dsn, "SELECT id, version, note FROM public.acct")
-    assert history_problems(records, snapshot_first=False, crashed=True) == []
+        daemon = restart_until_complete(launch, config, log, db.dsn, slot, writers)
+    records = assert_recovered(daemon, db.dsn, slot, broker_servers, topic_prefix)
     reads = [e for _, e in events(records) if e is not None and e["op"] == "r"]
     assert reads and {e["source"]["snapshot"] for e in reads} == {"incremental"}
     assert "incremental snapshot of public.acct complete" in daemon.output()
