@@ -517,6 +517,7 @@ class Bench:
             "source": {"dsn": self.dsn, "slot": slot, "publication": PUBLICATION, "tables": [f"public.{TABLE}"]},
             "topic": {"bootstrap_servers": broker.bootstrap_servers, "prefix": prefix,
                       "partitions": PARTITIONS, "client": client},
+            "snapshot": {"mode": "never"},  # the slot is made before the workload: stream it, read nothing else
             "daemon": {"spill_dir": str(self.workdir / f"spill-{prefix}"), "log_level": "INFO"},
         }
         lines = []

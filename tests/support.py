@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -237,3 +238,29 @@ class Writers:
                     time.sleep(self.pause_s)
         except BaseException as exc:  # noqa: BLE001 (reported by __exit__)
             self.errors.append(exc)
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (the daemon's snapshot readers)."""
+    out = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        found = re.search(r"^PPid:\s+(\d+)$", text, re.M)
+        if found and int(found.group(1)) == pid:
+            out.append(int(status.parent.name))
+    return out
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The peak resident set (VmHWM) of a process plus its children's (snapshot readers), in MiB."""
+    total = 0.0
+    for proc in (pid, *children_of(pid)):
+        try:
+            lines = Path(f"/proc/{proc}/status").read_text().splitlines()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) / 1024 for line in lines if line.startswith("VmHWM:"))
+    return total

@@ -29,6 +29,7 @@ from tests.support import (
     DaemonProcess,
     Writers,
     cdc,
+    children_of,
     slot_active,
     slot_of,
     wait_caught_up,
@@ -213,20 +214,6 @@ def topic_size(servers: str, prefix: str, schema: str, table: str) -> int:
         return sum(admin.end_offsets([topic]).get(topic, {}).values())
     finally:
         admin.close()
-
-
-def children_of(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (the daemon's snapshot readers)."""
-    out = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            text = status.read_text()
-        except OSError:
-            continue
-        found = re.search(r"^PPid:\s+(\d+)$", text, re.M)
-        if found and int(found.group(1)) == pid:
-            out.append(int(status.parent.name))
-    return out
 
 
 def pid_alive(pid: int) -> bool:
