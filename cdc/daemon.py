@@ -305,6 +305,8 @@ class Daemon:
                     log.error("producer error (%s): rewinding to the last confirmed LSN %s", _first_line(exc), format_lsn(self.confirmed))
                     self._rewind()
                     self._sleep(broker_backoff.failed(_first_line(exc)))
+            if not self.stopping:
+                log.info("snapshot complete (initial_only, or cdc snapshot): stopping")
             log.info("stopping: flushing and confirming")
             self._finish(cfg.topic.delivery_timeout_ms / 1000)
             return 0
@@ -393,13 +395,10 @@ class Daemon:
             send_state(self.producer, self.config.topic.prefix, self.incremental.durable)  # type: ignore[arg-type]
 
     def _snapshot_finished(self) -> bool:
-        """`initial_only`: stop once the snapshot is complete and acknowledged."""
+        """`initial_only` and `cdc snapshot`: stop once the snapshot is complete and acknowledged."""
         if not self.plan.stop_when_done or self.incremental.busy or self.pending:
             return False
-        if self.producer is not None and self.producer.in_flight():
-            return False
-        log.info("snapshot complete ([snapshot] mode = initial_only): stopping")
-        return True
+        return self.producer is None or not self.producer.in_flight()
 
     def _replay(self, commit: pgoutput.StreamCommit) -> None:
         """A streamed transaction committed: produce it from its spill file, in order."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from cdc.catalog import CapturedTable, Catalog
-from cdc.changes import ChangeRenderer, Record
+from cdc.changes import ChangeRenderer
 from cdc.config import Config
 from cdc.events import TableEvents
 from cdc.naming import qualified, quote_literal, topic_name
@@ -136,12 +136,12 @@ def read_range(
         catalog.close()
 
 
-def _sender(producer: Producer, events: TableEvents, limit: int, max_pending: int) -> Callable[[list, bytes], Record]:
+def _sender(producer: Producer, events: TableEvents, limit: int, max_pending: int) -> Callable[[list, bytes], None]:
     """Render and send one row as a snapshot read; waits for acknowledgements when too many are pending."""
     topic, name = events.topic, events.name
     envelope, row, key_of, send = events.envelope, events.row, events.key, producer.send
 
-    def emit(values: list, source: bytes) -> Record:
+    def emit(values: list, source: bytes) -> None:
         after = row(values)
         key = key_of(after)
         value = envelope("r", None, after, source)
@@ -154,7 +154,6 @@ def _sender(producer: Producer, events: TableEvents, limit: int, max_pending: in
                 producer.poll()
                 producer.reached({})
                 time.sleep(0.002)
-        return Record(topic, key, value, name)
 
     return emit
 
