@@ -67,11 +67,14 @@ class Catalog:
     def _connect(self) -> psycopg.Connection:
         return psycopg.connect(pinned_conninfo(self.dsn, application_name="cdc-catalog"), autocommit=True)
 
-    def ensure_connected(self) -> None:
-        """Reconnect after the server went away (the daemon outlives PostgreSQL restarts)."""
+    def ensure_connected(self) -> bool:
+        """Reconnect after the server went away (the daemon outlives PostgreSQL restarts);
+        True when it did, so session state (locks) must be taken again."""
         if self.conn.closed or self.conn.broken:
             self.conn.close()
             self.conn = self._connect()
+            return True
+        return False
 
     def close(self) -> None:
         self.conn.close()

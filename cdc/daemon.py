@@ -32,7 +32,9 @@ from cdc.preflight import (
     connect_catalog,
     ensure_publication,
     resolve_tables,
+    slot_holder,
     slot_state,
+    try_claim_slot,
 )
 from cdc.producer import RECORD_OVERHEAD, Producer, ProducerError, RecordTooLarge, make_producer
 from cdc.replication import (
@@ -264,7 +266,11 @@ class Daemon:
                     if self.producer is None:
                         self.producer = self.producer_factory(cfg.topic, dict(self.partition_counts))
                         broker_backoff.recovered()
-                    self.catalog.ensure_connected()
+                    if self.catalog.ensure_connected() and not try_claim_slot(self.catalog, cfg.source.slot):
+                        raise FatalError(
+                            f"slot {cfg.source.slot} was claimed by another cdc process (PostgreSQL backend PID "
+                            f"{slot_holder(self.catalog, cfg.source.slot)}) while this one reconnected: stop one of them"
+                        )
                     self.repl = self._connect_replication()
                     self.renderer.reset()
                     self.incremental.rewind()

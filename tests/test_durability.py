@@ -21,6 +21,7 @@ from tests.support import (
     ACCT,
     DaemonProcess,
     Writers,
+    slot_active,
     slot_of,
     source_table,
     start_streaming,
@@ -84,6 +85,36 @@ def test_broker_restart_mid_stream(tmp_path, db, local_broker, topic_prefix):
     output = daemon.output()
     assert "Kafka broker lost" in output or "producer error" in output, output[-3000:]
     assert_topic_equals_source(db, servers, topic_prefix)
+
+
+def test_postgres_connections_cut_mid_stream(tmp_path, db, broker_servers, topic_prefix):
+    """The daemon's walsender and catalog connections are terminated twice under writes: it
+    reconnects with backoff, takes its slot lock again, and nothing is missing."""
+    db.execute(ACCT)
+    config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.acct"])
+    slot = slot_of(topic_prefix)
+    daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
+    cut = (
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND (application_name = 'cdc-catalog' OR backend_type = 'walsender')"
+    )
+    with Writers(db.dsn, threads=3, keys=300, hot=300) as writers:
+        for _ in range(2):
+            time.sleep(1.5)
+            assert db.fetchall(cut)[0][0] >= 2  # the walsender and the catalog connection
+            wait_for(lambda: slot_active(db.dsn, slot), 60, "the daemon to stream again")
+        time.sleep(1)
+        assert writers.commits > 100
+    wait_caught_up(db.dsn, slot, daemon, timeout=120)
+    holders = db.fetchall(
+        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.objid = hashtext(%s)::oid", (slot,),
+    )
+    assert holders == [("cdc-catalog",)]  # the slot's lock was taken again on the new connection
+    assert daemon.stop() == 0
+    output = daemon.output()
+    assert "PostgreSQL replication connection lost" in output and "PostgreSQL replication connection back" in output
+    assert_topic_equals_source(db, broker_servers, topic_prefix)
 
 
 class _FailOnce:
