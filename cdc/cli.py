@@ -109,15 +109,16 @@ def run(config: Config) -> None:
 @main.command()
 @click.option("--tables", "-t", "tables", multiple=True, metavar="TABLE",
               help="Snapshot only these captured tables (schema.table, SQL-quoted where needed); repeatable.")
-@click.option("--incremental", is_flag=True, help="Require a running pipeline: ask its daemon, never create a slot.")
+@click.option("--incremental", is_flag=True, help="Require an existing slot: ask its daemon, never create a slot.")
 @_with_config
 def snapshot(config: Config, tables: tuple[str, ...], incremental: bool) -> None:
     """Snapshot the captured tables.
 
     With no slot yet: the one-shot snapshot aligned to a new slot, then exit, so a later
-    `cdc run` continues exactly after it. With the slot in place (a daemon streaming, or
-    stopped): ask the daemon for an incremental snapshot through a logical message; it
-    takes it while streaming, or when it next starts."""
+    `cdc run` continues exactly after it. With the slot in place: ask its daemon for an
+    incremental snapshot (a logical message to a streaming daemon, which takes it while
+    streaming; a request queued in the snapshot state for a stopped one, which takes it
+    when it next starts)."""
     import psycopg
 
     from cdc.daemon import Daemon
