@@ -810,23 +810,31 @@ class Bench:
         self.load_after = os.getloadavg()
 
     # -- the report ---------------------------------------------------------------------------
+    def mean_sample_size(self) -> float:
+        """Average value size of the events sampled from cdc's topic."""
+        return sum(len(s) for s in self.samples) / max(1, len(self.samples))
+
+    def report_head(self, title: str, what: str) -> list[str]:
+        """Title, the command, what was measured, then the broker and the machine it ran on."""
+        after = getattr(self, "load_after", None)
+        trim = "acknowledged records trimmed every second" if self.args.trim else "untrimmed (--no-trim)"
+        return [
+            "", f"## {title}", "",
+            f"Command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`", "",
+            f"{what} Broker: noida-db, {trim}. Machine: {os.cpu_count()} CPUs, load average "
+            f"{self.load_before[0]:.2f} before{f', {after[0]:.2f} after' if after else ''}; {versions()}.",
+            "",
+        ]
+
     def report(self) -> str:
         a, w = self.args, self.workload
         res = self.results
-        out = ["", "## Capture pipeline vs. its physical limits", ""]
-        out.append(f"Command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`")
-        out.append("")
-        sizes = [len(s) for s in self.samples]
-        after = getattr(self, "load_after", None)
-        out.append(
+        out = self.report_head(
+            "Capture pipeline vs. its physical limits",
             f"Workload: {a.rows:,} row changes ({w.inserts:,} INSERT, {w.updates:,} UPDATE) in {w.transactions:,} "
             f"transactions of 100-1000 rows on a 6-column table, {(w.end_lsn - w.start_lsn) / 2**20:,.0f} MiB of WAL; "
-            f"cdc event values average {sum(sizes) / max(1, len(sizes)):,.0f} B. Broker: noida-db, "
-            f"{'acknowledged records trimmed every second' if a.trim else 'untrimmed (--no-trim)'}. "
-            f"Machine: {os.cpu_count()} CPUs, load average {self.load_before[0]:.2f} before"
-            f"{f', {after[0]:.2f} after' if after else ''}; {versions()}."
+            f"cdc event values average {self.mean_sample_size():,.0f} B.",
         )
-        out.append("")
         out.append("| pipeline | rows/s | wall s | CPU s | rows per CPU-s | broker CPU s | walsender CPU s | machine busy (cores) | peak RSS MiB |")
         out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for key in ("pg_recvlogical", "kafka-python alone", "confluent alone", "cdc+kafka-python", "cdc+confluent"):

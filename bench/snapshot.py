@@ -66,7 +66,6 @@ from capture import (
     create_topic,
     drive,
     read_topic_summary,
-    versions,
 )
 
 from cdc.config import TopicConfig
@@ -415,20 +414,12 @@ class SnapshotBench(Bench):
     # -- the report ---------------------------------------------------------------------------
     def report(self) -> str:
         a = self.args
-        out = ["", "## cdc snapshot vs. its physical limits", ""]
-        out.append(f"Command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`")
-        out.append("")
-        sizes = [len(s) for s in self.samples]
-        after = getattr(self, "load_after", None)
-        out.append(
+        out = self.report_head(
+            "cdc snapshot vs. its physical limits",
             f"Table: {a.rows:,} rows, 6 columns (integer primary key), {self.table_mb:,.0f} MiB, frozen and analyzed; "
-            f"snapshot event values average {sum(sizes) / max(1, len(sizes)):,.0f} B; {PARTITIONS} partitions; "
-            f"[snapshot] split_rows = {a.split_rows or 'default (200000)'}. Broker: noida-db, "
-            f"{'acknowledged records trimmed every second' if a.trim else 'untrimmed (--no-trim)'}. "
-            f"Machine: {os.cpu_count()} CPUs, load average {self.load_before[0]:.2f} before"
-            f"{f', {after[0]:.2f} after' if after else ''}; {versions()}."
+            f"snapshot event values average {self.mean_sample_size():,.0f} B; {PARTITIONS} partitions; "
+            f"[snapshot] split_rows = {a.split_rows or 'default (200000)'}.",
         )
-        out.append("")
         out.append("### Ceilings")
         out.append("")
         out.append("| pipeline | rows/s | wall s | CPU s | rows per CPU-s | peak RSS MiB |")

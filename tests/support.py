@@ -22,6 +22,13 @@ from cdc.naming import topic_name
 from compaction.reader import read_topic
 from compaction.table import TopicTable, build, payload_of
 
+# The Debezium envelope's fields, and its source block's, in the order cdc writes them
+ENVELOPE_KEYS = ["before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns"]
+SOURCE_KEYS = [
+    "version", "connector", "name", "ts_ms", "ts_us", "ts_ns", "snapshot", "db",
+    "sequence", "schema", "table", "txId", "lsn", "xmin",
+]
+
 
 def slot_of(prefix: str) -> str:
     """The slot `write_config` gives a test with this topic prefix."""

@@ -11,18 +11,14 @@ from cdc.events import TRUNCATE_KEY
 from cdc.naming import topic_name
 from compaction.table import position_of
 from tests.support import (
+    ENVELOPE_KEYS,
+    SOURCE_KEYS,
     cdc,
     start_streaming,
     topic_records,
     wait_caught_up,
     wait_for,
 )
-
-ENVELOPE_KEYS = ["before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns"]
-SOURCE_KEYS = [
-    "version", "connector", "name", "ts_ms", "ts_us", "ts_ns", "snapshot", "db",
-    "sequence", "schema", "table", "txId", "lsn", "xmin",
-]
 
 
 def by_key(records):

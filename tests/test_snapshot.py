@@ -26,6 +26,8 @@ from compaction.table import TopicTable, build, payload_of, position_of
 from snapshot.state import SnapshotState, load_state, state_topic
 from tests.support import (
     ACCT,
+    ENVELOPE_KEYS,
+    SOURCE_KEYS,
     DaemonProcess,
     Writers,
     cdc,
@@ -36,13 +38,6 @@ from tests.support import (
     wait_for,
     write_config,
 )
-
-ENVELOPE_KEYS = ["before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns"]
-SOURCE_KEYS = [
-    "version", "connector", "name", "ts_ms", "ts_us", "ts_ns", "snapshot", "db",
-    "sequence", "schema", "table", "txId", "lsn", "xmin",
-]
-
 
 
 # -- helpers ------------------------------------------------------------------------------------
