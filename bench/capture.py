@@ -8,7 +8,8 @@ Kafka-protocol broker (noida-db), creates a publication and one logical slot per
 and only then writes N row changes (60% INSERT / 40% UPDATE, transactions of 100-1000
 rows) into a 6-column table. Every reader below then decodes that SAME WAL:
 
-1. PostgreSQL's ceiling: pg_recvlogical (pgoutput, proto 1) to /dev/null up to --endpos.
+1. PostgreSQL's ceiling: pg_recvlogical (pgoutput, proto 1) to /dev/null up to --endpos,
+   once before the cdc runs and once after them (own slot each); the faster pass counts.
 2. The client's ceiling: kafka-python, then confluent-kafka, producing N ready-made
    records the size of cdc's events (sampled from cdc's own topic) to a fresh
    3-partition topic configured like cdc's, with producer settings copied from
@@ -352,6 +353,7 @@ class Bench:
         self.pg: LocalPostgres | None = None
         self.brokers: list[LocalBroker] = []
         self.results: dict[str, Throughput] = {}
+        self.recv_rates: list[float] = []  # pg_recvlogical passes, changes/s
         self.latencies: dict[str, Latency] = {}
         self.profiles: dict[str, tuple[Throughput, Path]] = {}
         self.samples: list[bytes] = []
@@ -410,7 +412,7 @@ class Bench:
         self.log(f"PostgreSQL on port {self.pg.port}")
         self.sql(CREATE_TABLE)
         self.sql(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE} WITH (publish_via_partition_root = true)")
-        slots = ["bench_recv"] + [f"bench_{SHORT[c]}" for c in self.clients]
+        slots = ["bench_recv", "bench_recv2"] + [f"bench_{SHORT[c]}" for c in self.clients]
         if self.args.profile:
             slots += [f"bench_prof_{SHORT[c]}" for c in self.clients]
         for slot in slots:  # all before the writes: every reader decodes the same WAL
@@ -478,10 +480,12 @@ class Bench:
         return int(row[0]), row[1]
 
     # -- 1. pg_recvlogical ------------------------------------------------------------------
-    def run_recvlogical(self) -> None:
+    def run_recvlogical(self, slot: str) -> None:
+        """One pass of pg_recvlogical over the workload; the faster pass is the ceiling
+        (the walsender's rate differs by up to 1.5x between passes over the same WAL)."""
         assert self.pg is not None
         argv = [
-            str(find_pg_bin_dir() / "pg_recvlogical"), "-d", self.dsn, "--slot", "bench_recv", "--start",
+            str(find_pg_bin_dir() / "pg_recvlogical"), "-d", self.dsn, "--slot", slot, "--start",
             "-o", "proto_version=1", "-o", f"publication_names={PUBLICATION}", "-f", "/dev/null",
             "--endpos", self.workload.end_lsn_text, "--no-loop",
         ]
@@ -496,7 +500,7 @@ class Bench:
             walsender = None
             while proc.poll() is None:
                 if walsender is None:
-                    _, walsender = self.confirmed_lsn(conn, "bench_recv")
+                    _, walsender = self.confirmed_lsn(conn, slot)
                 else:
                     walsender_cpu = cpu_seconds(walsender) or walsender_cpu
                 time.sleep(0.02)
@@ -505,10 +509,13 @@ class Bench:
         self.procs.forget(proc)
         if proc.returncode != 0:
             raise BenchError(f"pg_recvlogical exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-        self.results["pg_recvlogical"] = Throughput(
-            "pg_recvlogical", self.args.rows, elapsed, walsender_cpu_s=walsender_cpu,
-            machine_busy_cores=window.machine_busy_cores,
-        )
+        self.recv_rates.append(self.args.rows / elapsed)
+        best = self.results.get("pg_recvlogical")
+        if best is None or elapsed < best.seconds:
+            self.results["pg_recvlogical"] = Throughput(
+                "pg_recvlogical", self.args.rows, elapsed, walsender_cpu_s=walsender_cpu,
+                machine_busy_cores=window.machine_busy_cores,
+            )
         self.log(f"pg_recvlogical: {self.args.rows / elapsed:,.0f} changes/s")
 
     # -- 3. cdc -------------------------------------------------------------------------------
@@ -791,16 +798,17 @@ class Bench:
         self.load_before = os.getloadavg()
         self.setup()
         self.generate()
-        self.run_recvlogical()
+        self.run_recvlogical("bench_recv")
         for client in self.clients:
             self.run_cdc(client)
+        self.run_recvlogical("bench_recv2")
         for client in self.clients:
             self.run_client_alone(client)
         if self.args.profile:
             self.args.profile.mkdir(parents=True, exist_ok=True)
             for client in self.clients:
                 self.run_cdc(client, profile_dir=self.args.profile)
-        for slot in ["bench_recv"] + [f"bench_{SHORT[c]}" for c in self.clients]:
+        for slot in ["bench_recv", "bench_recv2"] + [f"bench_{SHORT[c]}" for c in self.clients]:
             with contextlib.suppress(Exception):
                 self.sql("SELECT pg_drop_replication_slot(%s)", (slot,))
         if not self.args.skip_latency:
@@ -843,7 +851,10 @@ class Bench:
                 continue
             cpu = r.walsender_cpu_s if key == "pg_recvlogical" else r.process_cpu_s
             per_cpu = f"{r.rows / cpu:,.0f}" if cpu else "-"
-            label = {"pg_recvlogical": "pg_recvlogical (PostgreSQL ceiling; CPU = walsender)"}.get(key, key)
+            passes = ", ".join(f"{rate:,.0f}" for rate in self.recv_rates)
+            label = {
+                "pg_recvlogical": f"pg_recvlogical (PostgreSQL ceiling, best of passes before and after cdc: {passes}; CPU = walsender)"
+            }.get(key, key)
             if r.note:
                 label += f" ({r.note})"
             out.append(

@@ -116,29 +116,28 @@ class ChangeRenderer:
         source = table.source(txn.commit_ts_us, snapshot, txn.commit_lsn, change_lsn, txn.xid)
         name = table.name
         if kind is pgoutput.Insert:
-            after = table.row(msg.new)  # type: ignore[attr-defined]
-            return [Record(table.topic, table.key(after), table.envelope("c", None, after, source), name)]
+            key, after = table.encode(msg.new)  # type: ignore[attr-defined]
+            return [Record(table.topic, key, table.envelope("c", None, after, source), name)]
         if kind is pgoutput.Delete:
-            before = table.row(msg.old)  # type: ignore[attr-defined]
-            key = table.key(before)
+            key, before = table.encode(msg.old)  # type: ignore[attr-defined]
             return [
                 Record(table.topic, key, table.envelope("d", before, None, source), name),
                 Record(table.topic, key, None, name),
             ]
         assert kind is pgoutput.Update
-        old = None if msg.old is None else table.row(msg.old)  # type: ignore[attr-defined]
-        after = table.row(msg.new, old if msg.old_kind == "O" else None)  # type: ignore[attr-defined]
-        key = table.key(after)
-        if old is not None:
-            old_key = table.key(old)
+        full = msg.old_kind == "O"  # type: ignore[attr-defined]
+        key, after = table.encode(msg.new, msg.old if full else None)  # type: ignore[attr-defined]
+        if msg.old is not None:  # type: ignore[attr-defined]
+            old_key, old = table.encode(msg.old)  # type: ignore[attr-defined]
             if old_key != key:  # a key change: the old key must disappear from the compacted topic
                 return [
                     Record(table.topic, old_key, table.envelope("d", old, None, source), name),
                     Record(table.topic, old_key, None, name),
                     Record(table.topic, key, table.envelope("c", None, after, source), name),
                 ]
-        before = old if msg.old_kind == "O" else None  # type: ignore[attr-defined]
-        return [Record(table.topic, key, table.envelope("u", before, after, source), name)]
+            if full:
+                return [Record(table.topic, key, table.envelope("u", old, after, source), name)]
+        return [Record(table.topic, key, table.envelope("u", None, after, source), name)]
 
     def _truncate(self, msg: pgoutput.Truncate, txn: Txn, change_lsn: int) -> list[Record]:
         out = []

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 ProducerFactory = Callable[[TopicConfig, dict[str, int]], Producer]
 _W, _K, _STREAM_STOP = ord("w"), ord("k"), ord("E")
 _CHANGES = frozenset((pgoutput.Insert, pgoutput.Update, pgoutput.Delete, pgoutput.Truncate))
+_NO_LIMIT = 1 << 62  # a topic without a known max.message.bytes
 
 
 class FatalError(Exception):
@@ -439,13 +440,15 @@ class Daemon:
         send = self.producer.send  # type: ignore[union-attr]
         limits = self.topic_limits
         counts = self._table_counts
-        for record in records:
-            size = len(record.key) + (len(record.value) if record.value is not None else 0)
-            if size + RECORD_OVERHEAD > limits.get(record.topic, size + RECORD_OVERHEAD):
-                raise RecordTooLarge.of(record.table, record.key, size, record.topic, limits[record.topic])
-            send(record.topic, record.key, record.value)
-            counts[record.table] = counts.get(record.table, 0) + 1
-            self._bytes += size
+        sent_bytes = 0
+        for topic, key, value, table in records:
+            size = len(key) + (len(value) if value is not None else 0)
+            if size + RECORD_OVERHEAD > limits.get(topic, _NO_LIMIT):
+                raise RecordTooLarge.of(table, key, size, topic, limits[topic])
+            send(topic, key, value)
+            counts[table] = counts.get(table, 0) + 1
+            sent_bytes += size
+        self._bytes += sent_bytes
         if self.producer.in_flight() >= self.config.daemon.max_pending_records:  # type: ignore[union-attr]
             self._make_room()
 

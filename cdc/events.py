@@ -17,7 +17,9 @@ from typing import Any
 import orjson
 
 from cdc import __version__
+from cdc.accel import native
 from cdc.pgoutput import UNCHANGED
+from cdc.types import NATIVE_KINDS
 
 TOAST_PLACEHOLDER = "__debezium_unavailable_value"
 TOAST_PLACEHOLDER_BYTES = base64.b64encode(TOAST_PLACEHOLDER.encode()).decode()
@@ -25,7 +27,7 @@ TRUNCATE_KEY = orjson.dumps("__truncate__")  # a JSON string: never equal to a r
 SOURCE_VERSION = f"cdc-{__version__}"
 
 
-_ENVELOPE = b'{"before":%b,"after":%b,"source":%b,"transaction":null,"op":%b,"ts_ms":%d,"ts_us":%d,"ts_ns":%d}'
+_ENVELOPE = b'{"before":%b,"after":%b,"source":%b,"transaction":null,"op":%b,"ts_ms":%d,"ts_us":%d,"ts_ns":%d000}'
 _OPS = {op: orjson.dumps(op) for op in ("r", "c", "u", "d", "t")}
 
 
@@ -63,10 +65,30 @@ class TableEvents:
         self._columns = [(c.name, c.convert, c.placeholder) for c in self.columns]
         self._convert = [(c.name, c.convert) for c in self.columns]
         self.name = f"{self.schema}.{self.table}"
+        self._native_encode = None
+        if native is not None:
+            self._native_encode = native.RowEncoder(
+                tuple(orjson.dumps(name) + b":" for name in self._names),
+                bytes(NATIVE_KINDS.get(c.convert, 0) for c in self.columns),
+                tuple(c.convert for c in self.columns),
+                tuple(self.key_indexes),
+                orjson.dumps,
+                UNCHANGED,
+            ).encode
         self._source_key: tuple | None = None
         self._source_head = self._source_tail = b""
 
     # -- rows -----------------------------------------------------------------------------
+    def encode(self, values: list, fill: list | None = None) -> tuple[bytes, bytes]:
+        """The key and the row JSON of one row of text values. Unchanged TOASTed values come
+        from `fill` (the old row's values) when known: only the Python twin handles those."""
+        if self._native_encode is not None:
+            encoded = self._native_encode(values)
+            if encoded is not None:
+                return encoded
+        row = self.row(values, None if fill is None else self.row(fill))
+        return self.key(row), orjson.dumps(row)
+
     def row(self, values: list, fill: dict[str, Any] | None = None) -> dict[str, Any]:
         """Convert text values; unchanged TOASTed ones come from `fill` (the old row) when known."""
         if UNCHANGED not in values:  # the common case, as one comprehension
@@ -109,24 +131,17 @@ class TableEvents:
                 "db": self.database,
             }
             tail = {"schema": self.schema, "table": self.table, "txId": xid}
-            self._source_head = orjson.dumps(head)[:-1] + b',"sequence":'
+            # sequence is a string holding a JSON array: '"[\"<commit>\",\"<change>\"]"'
+            self._source_head = orjson.dumps(head)[:-1] + b',"sequence":"[\\"%d\\",\\"' % commit_lsn
             self._source_tail = b"," + orjson.dumps(tail)[1:-1] + b',"lsn":'
-        # sequence is a string holding a JSON array: '"[\"<commit>\",\"<change>\"]"'
-        return b'%b"[\\"%d\\",\\"%d\\"]"%b%d,"xmin":null}' % (
-            self._source_head, commit_lsn, change_lsn, self._source_tail, change_lsn if lsn is None else lsn
+        return b'%b%d\\"]"%b%d,"xmin":null}' % (
+            self._source_head, change_lsn, self._source_tail, change_lsn if lsn is None else lsn
         )
 
-    def envelope(self, op: str, before: dict | None, after: dict | None, source: bytes) -> bytes:
+    def envelope(self, op: str, before: bytes | None, after: bytes | None, source: bytes) -> bytes:
+        """`before` and `after` are row JSON, as `encode` renders it."""
         now_us = time.time_ns() // 1000
-        payload = _ENVELOPE % (
-            b"null" if before is None else orjson.dumps(before),
-            b"null" if after is None else orjson.dumps(after),
-            source,
-            _OPS[op],
-            now_us // 1000,
-            now_us,
-            now_us * 1000,
-        )
+        payload = _ENVELOPE % (before or b"null", after or b"null", source, _OPS[op], now_us // 1000, now_us, now_us)
         if not self.with_schemas:
             return payload
         return b'{"schema":' + self.envelope_schema() + b',"payload":' + payload + b"}"

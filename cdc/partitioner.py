@@ -16,6 +16,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from cdc.accel import native
+
 __all__ = ["fast_partition_for", "murmur2", "partition_for"]
 
 _SEED = 0x9747B28C  # m = 0x5BD1E995 and r = 24 are written inline: constants beat globals
@@ -64,14 +66,8 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (_hash32(key) & 0x7FFFFFFF) % partitions
 
 
-try:  # librdkafka's C implementation of the same function, 5-10x faster, when installed
-    from confluent_kafka import murmur2 as _native_partition
-except ImportError:  # pragma: no cover - confluent-kafka is an optional extra
-    _native_partition = None
-
-
-def fast_partition_for(key: bytes, partitions: int) -> int:
-    """`partition_for`, computed in C where confluent-kafka is installed (the hot path)."""
-    if _native_partition is not None:
-        return _native_partition(key, partitions)
-    return partition_for(key, partitions)
+if native is None:
+    fast_partition_for = partition_for
+else:
+    #: `partition_for` in C (cdc/_speedups.c): it runs once per record.
+    fast_partition_for = native.partition_for

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from cdc.accel import native
+
 __all__ = [
     "UNCHANGED",
     "Begin",
@@ -251,7 +253,7 @@ def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
     return buf[pos:end].decode(), end + 1
 
 
-def _tuple(buf: bytes, pos: int) -> tuple[list[TupleValue], int]:
+def _py_tuple(buf: bytes, pos: int) -> tuple[list[TupleValue], int]:
     """Read TupleData at ``pos``; return the column values and the offset after them.
 
     Lengths are not checked per column: a length running past the end makes the
@@ -291,6 +293,16 @@ def _tuple(buf: bytes, pos: int) -> tuple[list[TupleValue], int]:
             raise _Bad(len(buf), f"TupleData starting at offset {start} is truncated") from None
         raise _Bad(pos, f"text column is not valid UTF-8: {exc.reason}") from None
     return out, pos
+
+
+if native is None:
+    _tuple = _py_tuple
+else:
+    _native_tuple = native.parse_tuple
+
+    def _tuple(buf: bytes, pos: int) -> tuple[list[TupleValue], int]:
+        """The C twin; the Python one for what it leaves (binary columns, every error)."""
+        return _native_tuple(buf, pos, UNCHANGED) or _py_tuple(buf, pos)
 
 
 def _end(buf: bytes, pos: int) -> None:

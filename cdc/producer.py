@@ -74,12 +74,24 @@ class _Counts:
 
     def __init__(self, partition_counts: dict[str, int]) -> None:
         self.partition_counts = partition_counts
+        # (topic, partition) keys made once, not per record; the count to pick a partition
+        self._partitions = {topic: (n, [(topic, p) for p in range(n)]) for topic, n in partition_counts.items()}
         self.sent: dict[tuple[str, int], int] = {}
         self.acked: dict[tuple[str, int], int] = {}
         self.touched: set[tuple[str, int]] = set()
         self.total_sent = 0
         self.total_acked = 0
         self.failure: BaseException | None = None
+
+    def _place(self, topic: str, key: bytes) -> tuple[str, int]:
+        """The record's (topic, partition), counted as sent."""
+        count, tps = self._partitions[topic]
+        tp = tps[fast_partition_for(key, count)]
+        sent = self.sent
+        sent[tp] = sent.get(tp, 0) + 1
+        self.touched.add(tp)
+        self.total_sent += 1
+        return tp
 
     def mark(self) -> Mark:
         # Marks are checked in order, so one only needs the partitions written since the last.
@@ -137,17 +149,12 @@ class KafkaPythonProducer(_Counts):
         self._send = self._producer.send
 
     def send(self, topic: str, key: bytes, value: bytes | None) -> None:
-        partition = fast_partition_for(key, self.partition_counts[topic])
-        future = self._send(topic, value=value, key=key, partition=partition)
-        tp = (topic, partition)
+        tp = self._place(topic, key)
+        future = self._send(topic, value=value, key=key, partition=tp[1])
         queue = self._futures.get(tp)
         if queue is None:
             queue = self._futures[tp] = deque()
-            self.sent[tp] = 0
         queue.append(future)
-        self.sent[tp] += 1
-        self.touched.add(tp)
-        self.total_sent += 1
 
     def reached(self, mark: Mark) -> bool:
         acked = self.acked
@@ -207,6 +214,7 @@ class ConfluentProducer(_Counts):
             "delivery.timeout.ms": config.delivery_timeout_ms,
             "queue.buffering.max.messages": 1000000,
             "security.protocol": config.security_protocol,
+            "on_delivery": self._delivered,  # one callback for every record: none passed per send
         }
         if config.sasl_mechanism:
             settings.update(
@@ -226,7 +234,6 @@ class ConfluentProducer(_Counts):
         self._producer = _Producer(settings, logger=log)
         self._produce = self._producer.produce
         self._poll = self._producer.poll
-        self._report = self._delivered
 
     def _delivered(self, err, msg) -> None:
         """librdkafka's delivery report, one per record, served inside poll()."""
@@ -239,22 +246,17 @@ class ConfluentProducer(_Counts):
         self.total_acked += 1
 
     def send(self, topic: str, key: bytes, value: bytes | None) -> None:
-        partition = fast_partition_for(key, self.partition_counts[topic])
+        partition = self._place(topic, key)[1]
         try:
-            self._produce(topic, value, key, partition, on_delivery=self._report)
+            self._produce(topic, value, key, partition)
         except BufferError:  # local queue full: serve deliveries until it takes the record
             while True:
                 self._poll(0.05)
                 try:
-                    self._produce(topic, value, key, partition, on_delivery=self._report)
+                    self._produce(topic, value, key, partition)
                     break
                 except BufferError:
                     continue
-        tp = (topic, partition)
-        sent = self.sent
-        sent[tp] = sent.get(tp, 0) + 1
-        self.touched.add(tp)
-        self.total_sent += 1
 
     def reached(self, mark: Mark) -> bool:
         return self._check(mark)

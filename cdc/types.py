@@ -105,6 +105,7 @@ import psycopg
 
 __all__ = [
     "BUILTIN_TYPES",
+    "NATIVE_KINDS",
     "PASSTHROUGH",
     "Converter",
     "PgType",
@@ -770,6 +771,12 @@ _SIMPLE: dict[str, Converter] = {
     "interval": _interval,
     "point": _point,
 }
+
+
+#: Converters whose JSON the C encoder (cdc/_speedups.c) writes straight from the text,
+#: by its KIND_* numbers (1 integer, 2 string, 3 boolean, 4 timestamptz); it calls every
+#: other converter, and these ones too for any text outside their common form.
+NATIVE_KINDS: dict[Converter, int] = {int: 1, PASSTHROUGH: 2, _bool: 3, _timestamptz: 4}
 
 
 def converter(pgtype: PgType, typmod: int) -> Converter:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from cdc.accel import native
+
 _ESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r", "b": "\b", "f": "\f", "v": "\v"}
 _ESCAPE = re.compile(r"\\(.)")
 
@@ -21,7 +23,7 @@ def _unescape(match: re.Match[str]) -> str:
         raise ValueError(f"unexpected COPY escape \\{char}") from None
 
 
-def parse_line(line: bytes | memoryview) -> list[str | None]:
+def _py_parse_line(line: bytes | memoryview) -> list[str | None]:
     """One COPY text line (with or without its newline) as column values, None for NULL."""
     text = bytes(line).decode()
     if text.endswith("\n"):
@@ -30,3 +32,14 @@ def parse_line(line: bytes | memoryview) -> list[str | None]:
     if "\\" not in text:
         return fields  # type: ignore[return-value]
     return [None if f == "\\N" else _ESCAPE.sub(_unescape, f) if "\\" in f else f for f in fields]
+
+
+if native is None:
+    parse_line = _py_parse_line
+else:
+    _native_parse_line = native.parse_copy_line
+
+    def parse_line(line: bytes | memoryview) -> list[str | None]:
+        """The C twin; the Python one reports what it leaves (bad escapes, bad UTF-8)."""
+        values = _native_parse_line(line)
+        return _py_parse_line(line) if values is None else values

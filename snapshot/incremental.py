@@ -63,7 +63,7 @@ class Chunk:
     events: TableEvents
     watermark: str
     visibility: Visibility
-    rows: dict[bytes, dict]
+    rows: dict[bytes, bytes]  # key -> row JSON
     last_key: list[str] | None
     exhausted: bool
 
@@ -167,10 +167,7 @@ class IncrementalSnapshots:
             log.info("chunk of %s read while a streamed commit was not yet visible: reading it again", name)
             return  # its watermark arrives without a chunk and is ignored
         events = table_events(self.catalog, self.config, table)
-        rows: dict[bytes, dict] = {}
-        for values in lines:
-            after = events.row(values)
-            rows[events.key(after)] = after
+        rows = dict(events.encode(values) for values in lines)
         key_indexes = table.key_indexes
         last = [lines[-1][i] for i in key_indexes] if lines else None  # type: ignore[misc]
         self.chunk = Chunk(

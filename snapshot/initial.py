@@ -139,11 +139,10 @@ def read_range(
 def _sender(producer: Producer, events: TableEvents, limit: int, max_pending: int) -> Callable[[list, bytes], None]:
     """Render and send one row as a snapshot read; waits for acknowledgements when too many are pending."""
     topic, name = events.topic, events.name
-    envelope, row, key_of, send = events.envelope, events.row, events.key, producer.send
+    envelope, encode, send = events.envelope, events.encode, producer.send
 
     def emit(values: list, source: bytes) -> None:
-        after = row(values)
-        key = key_of(after)
+        key, after = encode(values)
         value = envelope("r", None, after, source)
         size = len(key) + len(value)
         if size + RECORD_OVERHEAD > limit:

@@ -70,12 +70,16 @@ def test_keys_longer_than_the_precompiled_unpackers() -> None:
     for n in (255, 256, 257, 259, 260, 1000, 4099, 65536 + 3):
         key = rng.randbytes(n)
         assert murmur2(key) & 0xFFFFFFFF == kp.murmur2(key)
+        for partitions in (1, 7, 2**31 - 1):
+            assert fast_partition_for(key, partitions) == partition_for(key, partitions)
+            assert fast_partition_for(memoryview(key), partitions) == partition_for(key, partitions)
 
 
 def test_partition_count_must_be_positive() -> None:
     for bad in (0, -1):
-        with pytest.raises(ValueError, match=f"^partition count must be positive, got {bad}$"):
-            partition_for(b"k", bad)
+        for function in (partition_for, fast_partition_for):
+            with pytest.raises(ValueError, match=f"^partition count must be positive, got {bad}$"):
+                function(b"k", bad)
 
 
 def test_matches_kafka_python_on_random_keys() -> None:

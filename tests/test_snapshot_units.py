@@ -463,10 +463,7 @@ def _chunk(
     table: str = "a",
 ) -> Chunk:
     events = _events(table)
-    rendered = {}
-    for key, value in rows.items():
-        after = events.row([str(key), value])
-        rendered[events.key(after)] = after
+    rendered = dict(events.encode([str(key), value]) for key, value in rows.items())
     return Chunk(
         _snapshot_table(_captured("public", table), ["id", "v"], ("integer",)),
         events,
@@ -754,7 +751,7 @@ def test_saw_drops_keys_of_invisible_transactions() -> None:
     assert list(inc.chunk.rows) == [_key(4), _key(5)]
     inc.saw([_record(_key(4))], None)  # unknown transaction: not visible
     assert list(inc.chunk.rows) == [_key(5)]
-    assert inc.chunk.rows[_key(5)] == {"id": 5, "v": "e"}
+    assert inc.chunk.rows[_key(5)] == b'{"id":5,"v":"e"}'
 
 
 def test_saw_ignores_other_tables() -> None:

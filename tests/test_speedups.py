@@ -1,0 +1,257 @@
+"""The C accelerator (cdc/_speedups.c) against its pure-Python twins: same values, same bytes.
+
+Keys must be byte-identical whichever twin rendered them (a compacted topic keeps one
+record per key *bytes*), so every comparison here is on the exact output, over the type
+table's values, odd identifiers, every control character and random input.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import orjson
+import pytest
+
+from cdc import pgoutput
+from cdc.accel import native
+from cdc.events import Column, TableEvents
+from cdc.pgoutput import UNCHANGED, DecodeError, Decoder
+from cdc.types import BUILTIN_TYPES, NATIVE_KINDS, converter
+from snapshot import copy_text
+
+# (type name, typmod, texts as PostgreSQL 15 prints them under the pinned session settings)
+SAMPLES: list[tuple[str, int, list[str]]] = [
+    ("int2", -1, ["0", "-32768", "32767"]),
+    ("int4", -1, ["0", "7", "-2147483648", "2147483647"]),
+    ("int8", -1, ["-9223372036854775808", "9223372036854775807", "1000003"]),
+    ("oid", -1, ["0", "4294967295"]),
+    ("bool", -1, ["t", "f"]),
+    ("text", -1, ["", "plain", 'quote " backslash \\ tab \t nl \n', "é ☃ 𝄞", "\x01\x1f\x7f"]),
+    ("varchar", 14, ["x" * 10]),
+    ("numeric", -1, ["0", "-1.50", "NaN", "Infinity", "123456789012345678901234567890.000001"]),
+    ("float8", -1, ["0", "-1.5", "1e+30", "NaN", "Infinity", "-Infinity", "2.2250738585072014e-308"]),
+    ("float4", -1, ["3.4028235e+38", "1.5"]),
+    ("timestamptz", -1, [
+        "2024-01-02 03:04:05.123456+00", "2024-01-02 03:04:05+00", "2024-01-02 03:04:05+05:30",
+        "0044-03-15 12:00:00+00 BC", "12345-01-01 00:00:00+00", "infinity", "-infinity",
+    ]),
+    ("timestamp", 3, ["2024-01-02 03:04:05.123", "1999-12-31 23:59:59"]),
+    ("date", -1, ["2024-02-29", "0001-01-01 BC", "infinity"]),
+    ("time", -1, ["13:14:15.5"]),
+    ("timetz", -1, ["13:14:15+02"]),
+    ("interval", -1, ["P1Y2M3DT4H5M6.5S", "PT0S", "PT-1H"]),
+    ("uuid", -1, ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]),
+    ("json", -1, ['{"a": [1, "x\\ty"]}']),
+    ("jsonb", -1, ['{"a": 1}']),
+    ("bytea", -1, ["\\x", "\\x00ff10"]),
+    ("money", -1, ["$1,234.56", "-$0.01"]),
+    ("inet", -1, ["192.168.0.1/24"]),
+    ("point", -1, ["(1.5,-2)"]),
+    ("bit", 1, ["1"]),
+    ("varbit", -1, ["10110"]),
+    ("_int4", -1, ["{1,NULL,3}", "{}"]),
+    ("_text", -1, ['{a,"b c",NULL,"d\\"e"}']),
+]
+
+_BY_NAME = {t.name: t for t in BUILTIN_TYPES.values()}
+
+
+def test_the_accelerator_is_built():
+    """CI builds it (setup.py); without it every row runs the slower Python twins."""
+    assert native is not None, "cdc._speedups is not built: install gcc and the Python headers, then pip install -e ."
+
+
+def test_kind_numbers_agree_with_the_c_side():
+    assert sorted(NATIVE_KINDS.values()) == [
+        native.KIND_INT, native.KIND_STRING, native.KIND_BOOL, native.KIND_TIMESTAMPTZ
+    ]
+    assert NATIVE_KINDS[int] == native.KIND_INT and NATIVE_KINDS[str] == native.KIND_STRING
+
+
+# ------------------------------------------------------------------ RowEncoder.encode
+
+
+def _events(names: list[str], types: list[tuple[str, int]], key: list[int]) -> TableEvents:
+    columns = [
+        Column(name, converter(_BY_NAME[t], typmod), "__debezium_unavailable_value", {})
+        for name, (t, typmod) in zip(names, types, strict=True)
+    ]
+    return TableEvents("p", "db", "public", "t", "p.public.t", columns, key)
+
+
+def _python_twin(events: TableEvents, values: list, fill: list | None = None) -> tuple[bytes, bytes]:
+    row = events.row(values, None if fill is None else events.row(fill))
+    return events.key(row), orjson.dumps(row)
+
+
+@pytest.mark.parametrize("type_name,typmod,texts", SAMPLES, ids=[s[0] for s in SAMPLES])
+def test_every_type_encodes_as_the_python_twin(type_name, typmod, texts):
+    events = _events(["id", "v"], [("int4", -1), (type_name, typmod)], [0])
+    for i, text in enumerate([*texts, None]):
+        values = [str(i), text]
+        assert events.encode(values) == _python_twin(events, values), (type_name, text)
+
+
+@pytest.mark.parametrize("type_name,typmod,texts", SAMPLES, ids=[s[0] for s in SAMPLES])
+def test_every_type_as_a_key_column(type_name, typmod, texts):
+    events = _events(["v", "w"], [(type_name, typmod), ("text", -1)], [0])
+    for text in texts:
+        key, row = events.encode([text, "x"])
+        assert (key, row) == _python_twin(events, [text, "x"])
+        assert orjson.loads(key) == {"v": orjson.loads(row)["v"]}
+
+
+def test_every_control_character_and_odd_names():
+    names = ['id "x"', "wé\\rd", "tab\there", "a.b c"]
+    events = _events(names, [("int8", -1), ("text", -1), ("text", -1), ("bool", -1)], [2, 0])
+    for code in range(0, 0x80):
+        values = ["-1", chr(code) * 3, f"k{chr(code)}", "t"]
+        assert events.encode(values) == _python_twin(events, values), code
+
+
+def test_random_rows_match_the_python_twin():
+    rng = random.Random(20261122)
+    alphabet = "ab \"\\\t\n\r\x00\x08\x0c\x1b\x7fé☃𝄞"
+    types = [("int4", -1), ("text", -1), ("bool", -1), ("timestamptz", -1), ("numeric", -1), ("jsonb", -1)]
+    events = _events([f"c{i}" for i in range(len(types))], types, [0, 3])
+    for _ in range(2000):
+        values = [
+            str(rng.randint(-(2**31), 2**31 - 1)),
+            "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))),
+            rng.choice(["t", "f", None]),
+            rng.choice(["2024-05-06 07:08:09.1+00", "2024-05-06 07:08:09+01", "1999-01-01 00:00:00+00"]),
+            rng.choice(["1.5", "NaN", None]),
+            rng.choice(['{"k": "v"}', "[]", None]),
+        ]
+        assert events.encode(values) == _python_twin(events, values)
+
+
+def test_wide_row_past_the_stack_buffers():
+    """More than 64 columns and a row past 4 KiB take the heap paths of the C side."""
+    n = 150
+    events = _events([f"c{i}" for i in range(n)], [("text", -1)] * n, [n - 1, 0])
+    values = [f"{i}" + "v" * 100 for i in range(n)]
+    assert events.encode(values) == _python_twin(events, values)
+    assert len(events.encode(values)[1]) > 4096
+
+
+def test_unchanged_values_are_left_to_the_python_twin():
+    events = _events(["id", "big"], [("int4", -1), ("text", -1)], [0])
+    encoder = native.RowEncoder(
+        (b'"id":', b'"big":'), bytes([1, 2]), (int, str), (0,), orjson.dumps, UNCHANGED
+    )
+    assert encoder.encode(["1", UNCHANGED]) is None
+    assert events.encode(["1", UNCHANGED]) == (b'{"id":1}', b'{"id":1,"big":"__debezium_unavailable_value"}')
+    assert events.encode(["1", UNCHANGED], ["1", "old"]) == (b'{"id":1}', b'{"id":1,"big":"old"}')
+
+
+def test_a_converter_error_surfaces_unchanged():
+    events = _events(["id", "iv"], [("int4", -1), ("interval", -1)], [0])
+    with pytest.raises(ValueError, match="IntervalStyle must be iso_8601"):
+        events.encode(["1", "1 day"])
+
+
+def test_a_row_of_the_wrong_width_is_refused():
+    events = _events(["id", "v"], [("int4", -1), ("text", -1)], [0])
+    with pytest.raises(ValueError):
+        events.encode(["1"])
+
+
+# ------------------------------------------------------------------ parse_tuple
+
+
+def _tuple_bytes(values: list) -> bytes:
+    out = struct.pack(">H", len(values))
+    for value in values:
+        if value is None:
+            out += b"n"
+        elif value is UNCHANGED:
+            out += b"u"
+        else:
+            data = value.encode()
+            out += b"t" + struct.pack(">I", len(data)) + data
+    return out
+
+
+def test_parse_tuple_matches_the_python_twin():
+    rng = random.Random(7)
+    for _ in range(500):
+        values = [
+            rng.choice([None, UNCHANGED, "", "x" * rng.randint(1, 300), "é\t𝄞\x00"])
+            for _ in range(rng.randint(0, 20))
+        ]
+        buf = b"XYZ" + _tuple_bytes(values) + b"tail"
+        expected = pgoutput._py_tuple(buf, 3)
+        assert expected == (values, len(buf) - 4)
+        assert native.parse_tuple(buf, 3, UNCHANGED) == expected
+        assert native.parse_tuple(memoryview(buf), 3, UNCHANGED) == expected
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"I\x00\x00\x40\x00N" + _tuple_bytes(["1", "two"])[:-1],  # truncated inside a value
+        b"I\x00\x00\x40\x00N\x00\x02t\x00\x00\x00\x011",  # one column of two
+        b"I\x00\x00\x40\x00N\x00\x01t\x00\x00\x00\x02\xff\xfe",  # not UTF-8
+        b"I\x00\x00\x40\x00N\x00\x01x",  # unknown column kind
+        b"I\x00\x00\x40\x00N\x00\x01t\x7f\xff\xff\xff1",  # a length past the end
+    ],
+    ids=["truncated", "missing-column", "bad-utf8", "bad-kind", "huge-length"],
+)
+def test_bad_tuples_get_the_python_twins_error(payload, monkeypatch):
+    """The C side declines (None) and the twin names the problem, as without the accelerator."""
+    assert native.parse_tuple(payload, 6, UNCHANGED) is None
+    with pytest.raises(DecodeError) as fast:
+        Decoder().decode(payload)
+    monkeypatch.setattr(pgoutput, "_tuple", pgoutput._py_tuple)
+    with pytest.raises(DecodeError) as slow:
+        Decoder().decode(payload)
+    assert str(fast.value) == str(slow.value)
+
+
+def test_binary_columns_are_left_to_the_python_twin():
+    buf = b"\x00\x01b\x00\x00\x00\x02\x00\xff"
+    assert native.parse_tuple(buf, 0, UNCHANGED) is None
+    assert pgoutput._tuple(buf, 0) == ([b"\x00\xff"], len(buf))
+
+
+# ------------------------------------------------------------------ parse_copy_line
+
+
+def _copy_field(value: str | None) -> str:
+    if value is None:
+        return "\\N"
+    return value.translate(str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r",
+                                          "\b": "\\b", "\f": "\\f", "\v": "\\v"}))
+
+
+def test_parse_copy_line_matches_the_python_twin():
+    rng = random.Random(11)
+    alphabet = "ab\\\t\n\r\b\f\vN é𝄞"
+    for _ in range(2000):
+        values = [
+            None if rng.random() < 0.2 else "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+            for _ in range(rng.randint(1, 8))
+        ]
+        line = ("\t".join(_copy_field(v) for v in values) + "\n").encode()
+        expected = copy_text._py_parse_line(line)
+        assert native.parse_copy_line(line) == expected
+        assert native.parse_copy_line(memoryview(line)) == expected
+        assert expected == values
+
+
+@pytest.mark.parametrize("line", [b"1\tab\\qc\n", b"1\t\xff\xfe\n", b"\\Nx\t2"])
+def test_bad_copy_lines_get_the_python_twins_error(line):
+    assert native.parse_copy_line(line) is None
+    with pytest.raises(ValueError) as fast:
+        copy_text.parse_line(line)
+    with pytest.raises(ValueError) as slow:
+        copy_text._py_parse_line(line)
+    assert str(fast.value) == str(slow.value)
+
+
+def test_a_lone_trailing_backslash_is_the_python_twins_call():
+    """COPY never writes one; whatever the twin makes of it, the accelerated path agrees."""
+    assert native.parse_copy_line(b"1\t\\") is None
+    assert copy_text.parse_line(b"1\t\\") == copy_text._py_parse_line(b"1\t\\")
