@@ -84,7 +84,8 @@ class _Counts:
         self.failure: BaseException | None = None
 
     def _place(self, topic: str, key: bytes) -> tuple[str, int]:
-        """The record's (topic, partition), counted as sent."""
+        """The record's (topic, partition), counted as sent. Counted before the client takes
+        it: a send that raises ends this producer's life (the daemon rewinds with a new one)."""
         count, tps = self._partitions[topic]
         tp = tps[fast_partition_for(key, count)]
         sent = self.sent

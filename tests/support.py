@@ -223,24 +223,27 @@ class Writers:
                 while not self.stop.is_set():
                     key = self._key(rng)
                     roll = rng.random()
-                    with conn.transaction():
-                        if roll < 0.4:
-                            conn.execute(
-                                "INSERT INTO public.acct VALUES (%s, 1, %s) ON CONFLICT (id) "
-                                "DO UPDATE SET version = acct.version + 1, note = excluded.note",
-                                (key, f"w{seed}-{rng.random()}"),
-                            )
-                        elif roll < 0.88:
-                            conn.execute(
-                                "UPDATE public.acct SET version = version + 1, note = %s WHERE id = %s",
-                                (f"u{seed}-{rng.random()}", key),
-                            )
-                        else:
-                            conn.execute("DELETE FROM public.acct WHERE id = %s", (key,))
-                        if rng.random() < 0.2:  # some multi-row transactions
-                            conn.execute(
-                                "UPDATE public.acct SET version = version + 1 WHERE id = %s", (self._key(rng),)
-                            )
+                    try:
+                        with conn.transaction():
+                            if roll < 0.4:
+                                conn.execute(
+                                    "INSERT INTO public.acct VALUES (%s, 1, %s) ON CONFLICT (id) "
+                                    "DO UPDATE SET version = acct.version + 1, note = excluded.note",
+                                    (key, f"w{seed}-{rng.random()}"),
+                                )
+                            elif roll < 0.88:
+                                conn.execute(
+                                    "UPDATE public.acct SET version = version + 1, note = %s WHERE id = %s",
+                                    (f"u{seed}-{rng.random()}", key),
+                                )
+                            else:
+                                conn.execute("DELETE FROM public.acct WHERE id = %s", (key,))
+                            if rng.random() < 0.2:  # some multi-row transactions
+                                conn.execute(
+                                    "UPDATE public.acct SET version = version + 1 WHERE id = %s", (self._key(rng),)
+                                )
+                    except psycopg.errors.DeadlockDetected:
+                        continue  # the multi-row transactions lock in random order; rolled back whole
                     self.commits += 1
                     time.sleep(self.pause_s)
         except BaseException as exc:  # noqa: BLE001 (reported by __exit__)

@@ -118,8 +118,9 @@ def test_postgres_connections_cut_mid_stream(tmp_path, db, broker_servers, topic
 
 
 class _FailOnce:
-    """Drops one record and reports it failed, while records sent after it succeed: the
-    hazard DESIGN.md names (a lone retry of it would land after newer versions of its key)."""
+    """Loses one record handed to the client and reports it failed once every record sent
+    after it succeeded: the hazard DESIGN.md names (a lone retry of it would land after
+    newer versions of its key)."""
 
     def __init__(self, inner, fail_at: int) -> None:
         self.inner, self.fail_at, self.sent, self.failed = inner, fail_at, 0, False
@@ -127,13 +128,14 @@ class _FailOnce:
     def send(self, topic, key, value):
         self.sent += 1
         if self.sent == self.fail_at:
-            self.failed = True  # this record never reaches the broker
+            self.failed = True
+            self.inner._place(topic, key)  # counted as sent, as the client takes it, but never delivered
             return
         self.inner.send(topic, key, value)
 
     def reached(self, mark):
         self.inner.reached({})
-        if self.failed and self.inner.in_flight() == 0:  # once the records sent after it are in
+        if self.failed and self.inner.in_flight() == 1:  # once the records sent after it are in
             raise ProducerError("injected failure")
         return self.inner.reached(mark)
 
