@@ -8,11 +8,14 @@ table's values, odd identifiers, every control character and random input.
 from __future__ import annotations
 
 import random
+import re
 import struct
+import time
 
 import orjson
 import pytest
 
+from cdc import events as events_module
 from cdc import pgoutput
 from cdc.accel import native
 from cdc.events import Column, TableEvents
@@ -255,3 +258,27 @@ def test_a_lone_trailing_backslash_is_the_python_twins_call():
     """COPY never writes one; whatever the twin makes of it, the accelerated path agrees."""
     assert native.parse_copy_line(b"1\t\\") is None
     assert copy_text.parse_line(b"1\t\\") == copy_text._py_parse_line(b"1\t\\")
+
+
+# ------------------------------------------------------------------ envelope
+
+
+@pytest.mark.parametrize("before,after", [(None, b'{"id":1}'), (b'{"id":1}', None), (None, None), (b"{}", b"{}")])
+def test_envelope_matches_the_python_twin(before, after):
+    source = b'{"version":"x","lsn":5}'
+    t0 = time.time_ns() // 1000
+    fast = native.envelope(before, after, source, b'"u"')
+    slow = events_module._py_envelope(before, after, source, b'"u"')
+    t1 = time.time_ns() // 1000
+    stamps = re.compile(rb'"ts_ms":(\d+),"ts_us":(\d+),"ts_ns":(\d+)}$')
+    assert stamps.sub(b"", fast) == stamps.sub(b"", slow)
+    ms, us, ns = (int(x) for x in stamps.search(fast).groups())
+    assert t0 <= us <= t1 and ms == us // 1000 and ns == us * 1000
+    assert orjson.loads(fast)["before"] == (None if before is None else orjson.loads(before))
+
+
+def test_envelope_refuses_what_is_not_bytes():
+    with pytest.raises(TypeError):
+        native.envelope(None, "text", b"{}", b'"c"')
+    with pytest.raises(TypeError):
+        native.envelope(None, None, None, b'"c"')
