@@ -96,26 +96,17 @@ static int buf_put_json_string(Buf *b, const char *s, Py_ssize_t n) {
 
 /* ---------------------------------------------------------------- parse_tuple */
 
-/* parse_tuple(buf, pos, unchanged) -> (values, end) | None
- * pgoutput TupleData at pos: str for 't', None for 'n', `unchanged` for 'u'. */
-static PyObject *parse_tuple(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "parse_tuple(buf, pos, unchanged)");
-        return NULL;
-    }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred()) return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    const unsigned char *buf = view.buf;
-    Py_ssize_t size = view.len;
-    PyObject *out = NULL, *result = NULL;
-
-    if (pos < 0 || pos + 2 > size) goto fallback;
+/* TupleData at *pos into a new list (str for 't', None for 'n', `unchanged` for 'u');
+ * *pos moves past it. 1: done; 0: left to the Python twin (binary, malformed); -1: error. */
+static int read_tuple(const unsigned char *buf, Py_ssize_t size, Py_ssize_t *at, PyObject *unchanged,
+                      PyObject **values) {
+    Py_ssize_t pos = *at;
+    *values = NULL;
+    if (pos < 0 || pos + 2 > size) return 0;
     Py_ssize_t n = (buf[pos] << 8) | buf[pos + 1];
     pos += 2;
-    out = PyList_New(n);
-    if (out == NULL) goto done;
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (pos >= size) goto fallback;
         unsigned char kind = buf[pos];
@@ -127,7 +118,10 @@ static PyObject *parse_tuple(PyObject *module, PyObject *const *args, Py_ssize_t
             if (len > size - pos) goto fallback;
             value = PyUnicode_DecodeUTF8((const char *)buf + pos, len, NULL);
             if (value == NULL) {
-                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) goto done;
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                    Py_DECREF(out);
+                    return -1;
+                }
                 PyErr_Clear();
                 goto fallback;
             }
@@ -136,19 +130,38 @@ static PyObject *parse_tuple(PyObject *module, PyObject *const *args, Py_ssize_t
             value = Py_NewRef(Py_None);
             pos += 1;
         } else if (kind == 'u') {
-            value = Py_NewRef(args[2]);
+            value = Py_NewRef(unchanged);
             pos += 1;
         } else {
             goto fallback;  /* 'b' (binary: never requested) or not TupleData at all */
         }
         PyList_SET_ITEM(out, i, value);
     }
-    result = Py_BuildValue("(On)", out, pos);
-    goto done;
+    *values = out;
+    *at = pos;
+    return 1;
 fallback:
-    result = Py_NewRef(Py_None);
-done:
-    Py_XDECREF(out);
+    Py_DECREF(out);
+    return 0;
+}
+
+/* parse_tuple(buf, pos, unchanged) -> (values, end) | None: pgoutput TupleData at pos. */
+static PyObject *parse_tuple(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "parse_tuple(buf, pos, unchanged)");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *values, *result = NULL;
+    int rc = read_tuple(view.buf, view.len, &pos, args[2], &values);
+    if (rc > 0) {
+        result = Py_BuildValue("(Nn)", values, pos);
+    } else if (rc == 0) {
+        result = Py_NewRef(Py_None);
+    }
     PyBuffer_Release(&view);
     return result;
 }
@@ -238,24 +251,54 @@ typedef struct {
     Py_ssize_t *keys;
     PyObject *dumps;      /* orjson.dumps */
     PyObject *unchanged;  /* pgoutput.UNCHANGED */
+    /* render_change only: what a record needs besides key and value */
+    PyObject *topic;        /* str */
+    PyObject *table;        /* str: schema.table */
+    PyObject *record;       /* the Record type (a tuple subclass) */
+    PyObject *source_parts; /* txn -> (head, tail) of the `source` block, see cdc/events.py */
+    PyObject *txn;          /* the transaction whose head and tail are cached */
+    PyObject *head;
+    PyObject *tail;
 } RowEncoder;
 
+/* Every object a RowEncoder holds, for the cycle collector: its source_parts callable
+ * usually belongs to the TableEvents that holds the encoder. */
+#define ROW_ENCODER_FIELDS(X)                                                                              \
+    X(names) X(kinds) X(converters) X(key_indexes) X(dumps) X(unchanged) X(topic) X(table) X(record)        \
+    X(source_parts) X(txn) X(head) X(tail)
+
+static int RowEncoder_traverse(RowEncoder *self, visitproc visit, void *arg) {
+#define VISIT(f) Py_VISIT(self->f);
+    ROW_ENCODER_FIELDS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int RowEncoder_clear(RowEncoder *self) {
+#define CLEAR(f) Py_CLEAR(self->f);
+    ROW_ENCODER_FIELDS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
 static void RowEncoder_dealloc(RowEncoder *self) {
-    Py_XDECREF(self->names);
-    Py_XDECREF(self->kinds);
-    Py_XDECREF(self->converters);
-    Py_XDECREF(self->key_indexes);
-    Py_XDECREF(self->dumps);
-    Py_XDECREF(self->unchanged);
+    PyObject_GC_UnTrack(self);
+    RowEncoder_clear(self);
     PyMem_Free(self->keys);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static int RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds) {
     PyObject *names, *kinds, *converters, *key_indexes, *dumps, *unchanged;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OO", &PyTuple_Type, &names, &PyBytes_Type, &kinds, &PyTuple_Type,
-                          &converters, &PyTuple_Type, &key_indexes, &dumps, &unchanged))
+    PyObject *topic = NULL, *table = NULL, *record = NULL, *source_parts = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OO|O!O!O!O", &PyTuple_Type, &names, &PyBytes_Type, &kinds, &PyTuple_Type,
+                          &converters, &PyTuple_Type, &key_indexes, &dumps, &unchanged, &PyUnicode_Type, &topic,
+                          &PyUnicode_Type, &table, &PyType_Type, &record, &source_parts))
         return -1;
+    if (record != NULL && !PyType_IsSubtype((PyTypeObject *)record, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "record must be a tuple subclass");
+        return -1;
+    }
     Py_ssize_t ncols = PyTuple_GET_SIZE(names);
     if (PyBytes_GET_SIZE(kinds) != ncols || PyTuple_GET_SIZE(converters) != ncols) {
         PyErr_SetString(PyExc_ValueError, "names, kinds and converters differ in length");
@@ -291,6 +334,11 @@ static int RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds) {
     Py_XSETREF(self->key_indexes, Py_NewRef(key_indexes));
     Py_XSETREF(self->dumps, Py_NewRef(dumps));
     Py_XSETREF(self->unchanged, Py_NewRef(unchanged));
+    Py_XSETREF(self->topic, Py_XNewRef(topic));
+    Py_XSETREF(self->table, Py_XNewRef(table));
+    Py_XSETREF(self->record, Py_XNewRef(record));
+    Py_XSETREF(self->source_parts, Py_XNewRef(source_parts));
+    Py_CLEAR(self->txn);
     return 0;
 }
 
@@ -315,24 +363,24 @@ static int put_converted(RowEncoder *self, Buf *b, Py_ssize_t i, PyObject *value
     return rc;
 }
 
-/* encode(values) -> (key, row) | None
- * The key JSON (key columns in key order) and the row JSON (every column) of one row of
- * text values; None when a value is UNCHANGED or not text (the Python twin fills those). */
-static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
+/* The key JSON (key columns in key order) and the row JSON (every column) of one row of
+ * text values into *key_out and *row_out. 1: done; 0: a value is UNCHANGED or not text
+ * (the Python twin fills those); -1: error. */
+static int encode_row(RowEncoder *self, PyObject *values, PyObject **key_out, PyObject **row_out) {
     if (!PyList_CheckExact(values) || PyList_GET_SIZE(values) != self->ncols) {
         PyErr_Format(PyExc_ValueError, "expected a list of %zd column values", self->ncols);
-        return NULL;
+        return -1;
     }
     Buf row;
     buf_init(&row);
     Py_ssize_t starts[64], ends[64];
     Py_ssize_t *start = starts, *end = ends;
-    PyObject *result = NULL;
+    int result = -1;
     if (self->ncols > 64) {
         start = PyMem_Malloc(sizeof(Py_ssize_t) * self->ncols * 2);
         if (start == NULL) {
             PyErr_NoMemory();
-            return NULL;
+            return -1;
         }
         end = start + self->ncols;
     }
@@ -350,7 +398,7 @@ static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
             continue;
         }
         if (!PyUnicode_CheckExact(value)) {  /* UNCHANGED, or binary: the twin's business */
-            result = Py_NewRef(Py_None);
+            result = 0;
             goto done;
         }
         Py_ssize_t n;
@@ -423,13 +471,25 @@ static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
         Py_DECREF(key);
         goto done;
     }
-    result = PyTuple_Pack(2, key, value);
-    Py_DECREF(key);
-    Py_DECREF(value);
+    *key_out = key;
+    *row_out = value;
+    result = 1;
 done:
     if (start != starts) PyMem_Free(start);
     buf_free(&row);
     return result;
+}
+
+/* encode(values) -> (key, row) | None */
+static PyObject *RowEncoder_encode(RowEncoder *self, PyObject *values) {
+    PyObject *key, *row;
+    int rc = encode_row(self, values, &key, &row);
+    if (rc < 0) return NULL;
+    if (rc == 0) Py_RETURN_NONE;
+    PyObject *out = PyTuple_Pack(2, key, row);
+    Py_DECREF(key);
+    Py_DECREF(row);
+    return out;
 }
 
 static PyMethodDef RowEncoder_methods[] = {
@@ -443,8 +503,10 @@ static PyTypeObject RowEncoderType = {
     .tp_name = "cdc._speedups.RowEncoder",
     .tp_basicsize = sizeof(RowEncoder),
     .tp_dealloc = (destructor)RowEncoder_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "RowEncoder(names, kinds, converters, key_indexes, dumps, unchanged)",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "RowEncoder(names, kinds, converters, key_indexes, dumps, unchanged[, topic, table, record, source_parts])",
+    .tp_traverse = (traverseproc)RowEncoder_traverse,
+    .tp_clear = (inquiry)RowEncoder_clear,
     .tp_methods = RowEncoder_methods,
     .tp_init = (initproc)RowEncoder_init,
     .tp_new = PyType_GenericNew,
@@ -452,34 +514,9 @@ static PyTypeObject RowEncoderType = {
 
 /* ---------------------------------------------------------------- envelope */
 
-static void put_piece(char **p, PyObject *piece) {
-    if (piece == Py_None) {
-        memcpy(*p, "null", 4);
-        *p += 4;
-    } else {
-        memcpy(*p, PyBytes_AS_STRING(piece), PyBytes_GET_SIZE(piece));
-        *p += PyBytes_GET_SIZE(piece);
-    }
-}
-
-/* envelope(before, after, source, op) -> bytes: the Debezium envelope around ready JSON
- * pieces (before/after: bytes or None), stamped with the current time as
- * cdc/events.py's twin does. */
-static PyObject *envelope(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "envelope(before, after, source, op)");
-        return NULL;
-    }
-    for (int i = 0; i < 4; i++) {
-        if (args[i] != Py_None && !PyBytes_CheckExact(args[i])) {
-            PyErr_SetString(PyExc_TypeError, "envelope pieces must be bytes or None");
-            return NULL;
-        }
-    }
-    if (args[2] == Py_None || args[3] == Py_None) {
-        PyErr_SetString(PyExc_TypeError, "envelope needs a source and an op");
-        return NULL;
-    }
+/* The Debezium envelope around ready JSON pieces (before/after: bytes, or NULL or None for
+ * null), stamped with the current time as cdc/events.py's twin does. */
+static PyObject *make_envelope(PyObject *before, PyObject *after, PyObject *source, PyObject *op) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     long long us = (long long)now.tv_sec * 1000000 + now.tv_nsec / 1000;
@@ -488,21 +525,24 @@ static PyObject *envelope(PyObject *module, PyObject *const *args, Py_ssize_t na
     static const char h1[] = "{\"before\":", h2[] = ",\"after\":", h3[] = ",\"source\":",
                       h4[] = ",\"transaction\":null,\"op\":", h5[] = ",\"ts_ms\":", h6[] = ",\"ts_us\":",
                       h7[] = ",\"ts_ns\":", h8[] = "000}";
+    if (before == Py_None) before = NULL;
+    if (after == Py_None) after = NULL;
     Py_ssize_t len = sizeof h1 + sizeof h2 + sizeof h3 + sizeof h4 + sizeof h5 + sizeof h6 + sizeof h7 + sizeof h8 - 8;
-    for (int i = 0; i < 4; i++) len += args[i] == Py_None ? 4 : PyBytes_GET_SIZE(args[i]);
-    len += ms_n + 2 * us_n;
+    len += (before ? PyBytes_GET_SIZE(before) : 4) + (after ? PyBytes_GET_SIZE(after) : 4);
+    len += PyBytes_GET_SIZE(source) + PyBytes_GET_SIZE(op) + ms_n + 2 * us_n;
     PyObject *out = PyBytes_FromStringAndSize(NULL, len);
     if (out == NULL) return NULL;
     char *p = PyBytes_AS_STRING(out);
 #define PUT(lit) (memcpy(p, lit, sizeof lit - 1), p += sizeof lit - 1)
+#define PUT_BYTES(obj) (memcpy(p, PyBytes_AS_STRING(obj), PyBytes_GET_SIZE(obj)), p += PyBytes_GET_SIZE(obj))
     PUT(h1);
-    put_piece(&p, args[0]);
+    if (before) PUT_BYTES(before); else PUT("null");
     PUT(h2);
-    put_piece(&p, args[1]);
+    if (after) PUT_BYTES(after); else PUT("null");
     PUT(h3);
-    put_piece(&p, args[2]);
+    PUT_BYTES(source);
     PUT(h4);
-    put_piece(&p, args[3]);
+    PUT_BYTES(op);
     PUT(h5);
     memcpy(p, ms_s, ms_n), p += ms_n;
     PUT(h6);
@@ -511,7 +551,164 @@ static PyObject *envelope(PyObject *module, PyObject *const *args, Py_ssize_t na
     memcpy(p, us_s, us_n), p += us_n;
     PUT(h8);
 #undef PUT
+#undef PUT_BYTES
     return out;
+}
+
+/* envelope(before, after, source, op) -> bytes */
+static PyObject *envelope(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "envelope(before, after, source, op)");
+        return NULL;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (args[i] == Py_None ? i >= 2 : !PyBytes_CheckExact(args[i])) {
+            PyErr_SetString(PyExc_TypeError, "envelope: before and after are bytes or None, source and op bytes");
+            return NULL;
+        }
+    }
+    return make_envelope(args[0], args[1], args[2], args[3]);
+}
+
+/* ---------------------------------------------------------------- render_change */
+
+static PyObject *OP_C, *OP_U, *OP_D; /* b'"c"', b'"u"', b'"d"' */
+
+/* The `source` block of a streamed change: the transaction's cached head and tail around
+ * the change LSN (the twin: TableEvents.source). */
+static PyObject *change_source(RowEncoder *self, PyObject *txn, unsigned long long change_lsn) {
+    if (txn != self->txn) {
+        PyObject *parts = PyObject_CallOneArg(self->source_parts, txn);
+        if (parts == NULL) return NULL;
+        if (!PyTuple_CheckExact(parts) || PyTuple_GET_SIZE(parts) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(parts, 0)) ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(parts, 1))) {
+            Py_DECREF(parts);
+            PyErr_SetString(PyExc_TypeError, "source_parts must return (head, tail) as bytes");
+            return NULL;
+        }
+        Py_XSETREF(self->head, Py_NewRef(PyTuple_GET_ITEM(parts, 0)));
+        Py_XSETREF(self->tail, Py_NewRef(PyTuple_GET_ITEM(parts, 1)));
+        Py_XSETREF(self->txn, Py_NewRef(txn));
+        Py_DECREF(parts);
+    }
+    char lsn_s[24];
+    int lsn_n = snprintf(lsn_s, sizeof lsn_s, "%llu", change_lsn);
+    static const char mid[] = "\\\"]\"", end[] = ",\"xmin\":null}";
+    Py_ssize_t hn = PyBytes_GET_SIZE(self->head), tn = PyBytes_GET_SIZE(self->tail);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, hn + 2 * lsn_n + tn + sizeof mid - 1 + sizeof end - 1);
+    if (out == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    memcpy(p, PyBytes_AS_STRING(self->head), hn), p += hn;
+    memcpy(p, lsn_s, lsn_n), p += lsn_n;
+    memcpy(p, mid, sizeof mid - 1), p += sizeof mid - 1;
+    memcpy(p, PyBytes_AS_STRING(self->tail), tn), p += tn;
+    memcpy(p, lsn_s, lsn_n), p += lsn_n;
+    memcpy(p, end, sizeof end - 1);
+    return out;
+}
+
+/* Append Record(topic, key, value, table) to `out`; value NULL is a tombstone. */
+static int add_record(RowEncoder *self, PyObject *out, PyObject *key, PyObject *value) {
+    PyObject *fields = PyTuple_Pack(4, self->topic, key, value ? value : Py_None, self->table);
+    if (fields == NULL) return -1;
+    PyObject *args = PyTuple_Pack(1, fields);
+    Py_DECREF(fields);
+    if (args == NULL) return -1;
+    PyObject *record = PyTuple_Type.tp_new((PyTypeObject *)self->record, args, NULL);
+    Py_DECREF(args);
+    if (record == NULL) return -1;
+    int rc = PyList_Append(out, record);
+    Py_DECREF(record);
+    return rc;
+}
+
+/* An event record: the envelope of (before, after) under `op`, appended to `out`. */
+static int add_event(RowEncoder *self, PyObject *out, PyObject *key, PyObject *op, PyObject *before, PyObject *after,
+                     PyObject *source) {
+    PyObject *value = make_envelope(before, after, source, op);
+    if (value == NULL) return -1;
+    int rc = add_record(self, out, key, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+/* render_change(lanes, payload, change_lsn, txn) -> list[Record] | None
+ * The records of one pgoutput Insert, Update or Delete outside a stream block, for a
+ * relation in `lanes` (oid -> RowEncoder), exactly as cdc/changes.py renders them; None
+ * for every other message and whatever the Python path must judge (unknown relation,
+ * unchanged TOASTed values, malformed input), which then runs. */
+static PyObject *render_change(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyDict_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "render_change(lanes: dict, payload, change_lsn, txn)");
+        return NULL;
+    }
+    unsigned long long change_lsn = PyLong_AsUnsignedLongLong(args[2]);
+    if (change_lsn == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t size = view.len, pos = 6;
+    PyObject *result = NULL, *out = NULL, *source = NULL;
+    PyObject *old = NULL, *new = NULL, *old_key = NULL, *old_row = NULL, *key = NULL, *row = NULL;
+    char kind = size > 0 ? (char)buf[0] : 0;
+    if ((kind != 'I' && kind != 'U' && kind != 'D') || size < 7) goto fallback;
+    PyObject *oid = PyLong_FromUnsignedLong(((unsigned long)buf[1] << 24) | (buf[2] << 16) | (buf[3] << 8) | buf[4]);
+    if (oid == NULL) goto done;
+    RowEncoder *self = (RowEncoder *)PyDict_GetItemWithError(args[0], oid);
+    Py_DECREF(oid);
+    if (self == NULL) {
+        if (PyErr_Occurred()) goto done;
+        goto fallback;
+    }
+    char tag = (char)buf[5];
+    int rc;
+    if (kind == 'I' || (kind == 'U' && tag == 'N')) {
+        if (tag != 'N') goto fallback;
+    } else {
+        if (tag != 'K' && tag != 'O') goto fallback;
+        if ((rc = read_tuple(buf, size, &pos, self->unchanged, &old)) <= 0) goto fail;
+        if (kind == 'U') {
+            if (pos >= size || buf[pos] != 'N') goto fallback;
+            pos++;
+        }
+    }
+    if (kind != 'D' && (rc = read_tuple(buf, size, &pos, self->unchanged, &new)) <= 0) goto fail;
+    if (pos != size) goto fallback;
+    if (new != NULL && (rc = encode_row(self, new, &key, &row)) <= 0) goto fail;
+    if (old != NULL && (rc = encode_row(self, old, &old_key, &old_row)) <= 0) goto fail;
+    if ((source = change_source(self, args[3], change_lsn)) == NULL) goto done;
+    if ((out = PyList_New(0)) == NULL) goto done;
+    if (kind == 'I') {
+        if (add_event(self, out, key, OP_C, NULL, row, source) < 0) goto done;
+    } else if (kind == 'D') {
+        if (add_event(self, out, old_key, OP_D, old_row, NULL, source) < 0) goto done;
+        if (add_record(self, out, old_key, NULL) < 0) goto done;
+    } else if (old_key != NULL && (PyBytes_GET_SIZE(old_key) != PyBytes_GET_SIZE(key) ||
+                                   memcmp(PyBytes_AS_STRING(old_key), PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)))) {
+        /* a key change: the old key must disappear from the compacted topic */
+        if (add_event(self, out, old_key, OP_D, old_row, NULL, source) < 0) goto done;
+        if (add_record(self, out, old_key, NULL) < 0) goto done;
+        if (add_event(self, out, key, OP_C, NULL, row, source) < 0) goto done;
+    } else {
+        if (add_event(self, out, key, OP_U, tag == 'O' ? old_row : NULL, row, source) < 0) goto done;
+    }
+    result = Py_NewRef(out);
+    goto done;
+fail:
+    if (rc < 0) goto done;
+fallback:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(source);
+    Py_XDECREF(old);
+    Py_XDECREF(new);
+    Py_XDECREF(old_key);
+    Py_XDECREF(old_row);
+    Py_XDECREF(key);
+    Py_XDECREF(row);
+    PyBuffer_Release(&view);
+    return result;
 }
 
 /* ---------------------------------------------------------------- partition_for */
@@ -559,6 +756,8 @@ static PyMethodDef methods[] = {
     {"parse_tuple", (PyCFunction)(void (*)(void))parse_tuple, METH_FASTCALL,
      "parse_tuple(buf, pos, unchanged) -> (values, end) | None"},
     {"parse_copy_line", parse_copy_line, METH_O, "parse_copy_line(line) -> list | None"},
+    {"render_change", (PyCFunction)(void (*)(void))render_change, METH_FASTCALL,
+     "render_change(lanes, payload, change_lsn, txn) -> list[Record] | None"},
     {"envelope", (PyCFunction)(void (*)(void))envelope, METH_FASTCALL,
      "envelope(before, after, source, op) -> bytes: the Debezium envelope, stamped now"},
     {"partition_for", (PyCFunction)(void (*)(void))partition_for, METH_FASTCALL,
@@ -572,6 +771,9 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyType_Ready(&RowEncoderType) < 0) return NULL;
+    if ((OP_C = PyBytes_FromString("\"c\"")) == NULL || (OP_U = PyBytes_FromString("\"u\"")) == NULL ||
+        (OP_D = PyBytes_FromString("\"d\"")) == NULL)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "RowEncoder", (PyObject *)&RowEncoderType) < 0 ||

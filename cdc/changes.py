@@ -9,12 +9,18 @@ row under REPLICA IDENTITY FULL and the Debezium placeholder otherwise.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import NamedTuple
 
 from cdc import pgoutput
 from cdc.catalog import Catalog
-from cdc.events import TOAST_PLACEHOLDER, TOAST_PLACEHOLDER_BYTES, TRUNCATE_KEY, Column, TableEvents
+from cdc.events import (
+    TOAST_PLACEHOLDER,
+    TOAST_PLACEHOLDER_BYTES,
+    TRUNCATE_KEY,
+    Column,
+    Record,
+    TableEvents,
+    Txn,
+)
 from cdc.naming import TablePattern, parse_table_pattern, topic_name
 from cdc.types import converter, field_schema
 
@@ -23,24 +29,6 @@ log = logging.getLogger(__name__)
 
 class NoKey(Exception):
     """A captured table has neither a primary key nor a usable replica identity."""
-
-
-class Record(NamedTuple):
-    """One Kafka record (a tuple: built once per change on the hot path)."""
-
-    topic: str
-    key: bytes
-    value: bytes | None
-    table: str  # schema.table, for error messages and metrics
-
-
-@dataclass(frozen=True, slots=True)
-class Txn:
-    """What every event of one transaction shares."""
-
-    commit_lsn: int
-    commit_ts_us: int
-    xid: int | None
 
 
 class ChangeRenderer:
@@ -53,12 +41,17 @@ class ChangeRenderer:
         self.patterns: list[TablePattern] = [parse_table_pattern(p) for p in patterns]
         self.with_schemas = with_schemas
         self.tables: dict[int, TableEvents | None] = {}
+        #: relation oid -> the C renderer of its streamed changes (cdc/_speedups.c
+        #: `render_change`, called by the daemon before falling back to `records`)
+        self.lanes: dict[int, object] = {}
 
     def reset(self) -> None:
         """A new walsender sends every Relation again before using it."""
         self.tables.clear()
+        self.lanes.clear()
 
     def relation(self, msg: pgoutput.Relation) -> None:
+        self.lanes.pop(msg.oid, None)
         if not any(p.matches(msg.namespace, msg.name) for p in self.patterns):
             self.tables[msg.oid] = None
             return
@@ -87,7 +80,7 @@ class ChangeRenderer:
                     schema=field_schema(pgtype, col.type_modifier, col.name, col.name not in not_null),
                 )
             )
-        self.tables[msg.oid] = TableEvents(
+        events = self.tables[msg.oid] = TableEvents(
             prefix=self.prefix,
             database=self.database,
             schema=msg.namespace,
@@ -97,6 +90,8 @@ class ChangeRenderer:
             key_indexes=[names.index(k) for k in key_names],
             with_schemas=self.with_schemas,
         )
+        if events.lane is not None:
+            self.lanes[msg.oid] = events.lane
         log.debug("relation %s: columns %s, key %s", display, names, key_names)
 
     def table(self, oid: int) -> TableEvents | None:

@@ -14,6 +14,7 @@ import click
 import orjson
 
 from cdc import __version__
+from cdc.accel import native
 from cdc.config import Config, ConfigError, as_dict, load
 from cdc.redact import redact_dsn
 
@@ -76,7 +77,9 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="cdc")
+@click.version_option(
+    __version__, prog_name="cdc", message=f"%(prog)s %(version)s ({'C accelerator' if native else 'pure Python'})"
+)
 def main() -> None:
     """Change data capture: PostgreSQL logical decoding into compacted Kafka topics.
 

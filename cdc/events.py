@@ -12,7 +12,7 @@ import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -38,6 +38,24 @@ def _py_envelope(before: bytes | None, after: bytes | None, source: bytes, op: b
 
 
 _envelope = _py_envelope if native is None else native.envelope
+
+
+class Record(NamedTuple):
+    """One Kafka record (a tuple: built once per change on the hot path)."""
+
+    topic: str
+    key: bytes
+    value: bytes | None
+    table: str  # schema.table, for error messages and metrics
+
+
+@dataclass(frozen=True, slots=True)
+class Txn:
+    """What every event of one transaction shares."""
+
+    commit_lsn: int
+    commit_ts_us: int
+    xid: int | None
 
 
 class KeyUnavailable(Exception):
@@ -75,15 +93,25 @@ class TableEvents:
         self._convert = [(c.name, c.convert) for c in self.columns]
         self.name = f"{self.schema}.{self.table}"
         self._native_encode = None
+        #: The C renderer of this relation's streamed changes (cdc/_speedups.c render_change),
+        #: or None: then, and for every change it declines, cdc/changes.py renders them.
+        self.lane = None
         if native is not None:
-            self._native_encode = native.RowEncoder(
+            encoder = native.RowEncoder(
                 tuple(orjson.dumps(name) + b":" for name in self._names),
                 bytes(NATIVE_KINDS.get(c.convert, 0) for c in self.columns),
                 tuple(c.convert for c in self.columns),
                 tuple(self.key_indexes),
                 orjson.dumps,
                 UNCHANGED,
-            ).encode
+                self.topic,
+                self.name,
+                Record,
+                self._streamed_source_parts,
+            )
+            self._native_encode = encoder.encode
+            if not self.with_schemas:
+                self.lane = encoder
         self._source_key: tuple | None = None
         self._source_head = self._source_tail = b""
 
@@ -129,23 +157,32 @@ class TableEvents:
         key = (commit_ts_us, snapshot, commit_lsn, xid)
         if key != self._source_key:
             self._source_key = key
-            head = {
-                "version": SOURCE_VERSION,
-                "connector": "postgresql",
-                "name": self.prefix,
-                "ts_ms": commit_ts_us // 1000,
-                "ts_us": commit_ts_us,
-                "ts_ns": commit_ts_us * 1000,
-                "snapshot": snapshot,
-                "db": self.database,
-            }
-            tail = {"schema": self.schema, "table": self.table, "txId": xid}
-            # sequence is a string holding a JSON array: '"[\"<commit>\",\"<change>\"]"'
-            self._source_head = orjson.dumps(head)[:-1] + b',"sequence":"[\\"%d\\",\\"' % commit_lsn
-            self._source_tail = b"," + orjson.dumps(tail)[1:-1] + b',"lsn":'
+            self._source_head, self._source_tail = self.source_parts(commit_ts_us, snapshot, commit_lsn, xid)
         return b'%b%d\\"]"%b%d,"xmin":null}' % (
             self._source_head, change_lsn, self._source_tail, change_lsn if lsn is None else lsn
         )
+
+    def source_parts(self, commit_ts_us: int, snapshot: str, commit_lsn: int, xid: int | None) -> tuple[bytes, bytes]:
+        """The `source` block around its per-event part: head + change LSN + tail + lsn."""
+        head = {
+            "version": SOURCE_VERSION,
+            "connector": "postgresql",
+            "name": self.prefix,
+            "ts_ms": commit_ts_us // 1000,
+            "ts_us": commit_ts_us,
+            "ts_ns": commit_ts_us * 1000,
+            "snapshot": snapshot,
+            "db": self.database,
+        }
+        tail = {"schema": self.schema, "table": self.table, "txId": xid}
+        # sequence is a string holding a JSON array: '"[\"<commit>\",\"<change>\"]"'
+        return (
+            orjson.dumps(head)[:-1] + b',"sequence":"[\\"%d\\",\\"' % commit_lsn,
+            b"," + orjson.dumps(tail)[1:-1] + b',"lsn":',
+        )
+
+    def _streamed_source_parts(self, txn: Txn) -> tuple[bytes, bytes]:
+        return self.source_parts(txn.commit_ts_us, "false", txn.commit_lsn, txn.xid)
 
     def envelope(self, op: str, before: bytes | None, after: bytes | None, source: bytes) -> bytes:
         """`before` and `after` are row JSON, as `encode` renders it."""

@@ -27,9 +27,8 @@ import orjson
 import psycopg
 
 from cdc.catalog import CapturedTable, Catalog
-from cdc.changes import Record, Txn
 from cdc.config import Config
-from cdc.events import TRUNCATE_KEY, TableEvents
+from cdc.events import TRUNCATE_KEY, Record, TableEvents, Txn
 from cdc.replication import format_lsn, pinned_conninfo
 from snapshot.copy_text import parse_line
 from snapshot.initial import table_events

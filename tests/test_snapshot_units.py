@@ -13,8 +13,7 @@ import pytest
 
 from cdc import pgoutput
 from cdc.catalog import CapturedTable
-from cdc.changes import Record, Txn
-from cdc.events import TRUNCATE_KEY, Column, TableEvents
+from cdc.events import TRUNCATE_KEY, Column, Record, TableEvents, Txn
 from snapshot.copy_text import parse_line
 from snapshot.incremental import (
     MESSAGE_PREFIX,

@@ -18,7 +18,8 @@ import pytest
 from cdc import events as events_module
 from cdc import pgoutput
 from cdc.accel import native
-from cdc.events import Column, TableEvents
+from cdc.changes import ChangeRenderer
+from cdc.events import Column, Record, TableEvents, Txn
 from cdc.pgoutput import UNCHANGED, DecodeError, Decoder
 from cdc.types import BUILTIN_TYPES, NATIVE_KINDS, converter
 from snapshot import copy_text
@@ -282,3 +283,86 @@ def test_envelope_refuses_what_is_not_bytes():
         native.envelope(None, "text", b"{}", b'"c"')
     with pytest.raises(TypeError):
         native.envelope(None, None, None, b'"c"')
+
+
+# ------------------------------------------------------------------ render_change
+
+
+OID = 16400
+
+
+def _renderer(with_schemas: bool = False) -> ChangeRenderer:
+    """The relation cache as a Relation message for `public.t` (id int4 key, note text, flag bool) leaves it."""
+    renderer = ChangeRenderer(None, "p", "db", ["public.t"], with_schemas)  # type: ignore[arg-type]
+    columns = [
+        Column(name, converter(_BY_NAME[t], -1), "__debezium_unavailable_value", {})
+        for name, t in (("id", "int4"), ("note", "text"), ("flag", "bool"))
+    ]
+    events = TableEvents("p", "db", "public", "t", "p.public.t", columns, [0], with_schemas)
+    renderer.tables[OID] = events
+    if events.lane is not None:
+        renderer.lanes[OID] = events.lane
+    return renderer
+
+
+def _head(kind: bytes, oid: int = OID) -> bytes:
+    return kind + struct.pack(">I", oid)
+
+
+CHANGES = {
+    "insert": _head(b"I") + b"N" + _tuple_bytes(["1", 'a "q"\n', "t"]),
+    "insert-nulls": _head(b"I") + b"N" + _tuple_bytes(["2", None, None]),
+    "update": _head(b"U") + b"N" + _tuple_bytes(["1", "b", "f"]),
+    "update-same-key": _head(b"U") + b"K" + _tuple_bytes(["1", None, None]) + b"N" + _tuple_bytes(["1", "c", "t"]),
+    "update-key-change": _head(b"U") + b"K" + _tuple_bytes(["1", None, None]) + b"N" + _tuple_bytes(["9", "c", "t"]),
+    "update-full": _head(b"U") + b"O" + _tuple_bytes(["1", "old", "f"]) + b"N" + _tuple_bytes(["1", "new", "t"]),
+    "update-full-key-change": _head(b"U") + b"O" + _tuple_bytes(["1", "old", "f"]) + b"N" + _tuple_bytes(["3", "n", "t"]),
+    "delete-key": _head(b"D") + b"K" + _tuple_bytes(["1", None, None]),
+    "delete-full": _head(b"D") + b"O" + _tuple_bytes(["1", "old", "t"]),
+}
+
+DECLINED = {
+    "unchanged-toast": _head(b"U") + b"N" + _tuple_bytes(["1", UNCHANGED, "t"]),
+    "unknown-relation": _head(b"I", OID + 1) + b"N" + _tuple_bytes(["1", "a", "t"]),
+    "begin": b"B" + b"\0" * 20,
+    "truncate": b"T" + struct.pack(">IBI", 1, 0, OID),
+    "trailing-bytes": CHANGES["insert"] + b"x",
+    "truncated": CHANGES["update-full"][:-2],
+    "bad-tag": _head(b"U") + b"X" + _tuple_bytes(["1", "a", "t"]),
+    "empty": b"",
+}
+
+_STAMPS = re.compile(rb'"ts_ms":\d+,"ts_us":\d+,"ts_ns":\d+}$')
+
+
+def _unstamped(records: list) -> list:
+    return [(r.topic, r.key, None if r.value is None else _STAMPS.sub(b"", r.value), r.table) for r in records]
+
+
+@pytest.mark.parametrize("name", list(CHANGES))
+def test_render_change_matches_the_python_path(name):
+    payload = CHANGES[name]
+    renderer = _renderer()
+    txn = Txn(commit_lsn=0x1_0000_0000, commit_ts_us=1_700_000_000_123_456, xid=812)
+    for change_lsn in (0x1_0000_0010, 0x1_0000_0020):  # the transaction's source parts are cached
+        fast = native.render_change(renderer.lanes, payload, change_lsn, txn)
+        slow = renderer.records(Decoder().decode(payload), txn, change_lsn)
+        assert all(type(r) is Record for r in fast)
+        assert _unstamped(fast) == _unstamped(slow)
+        assert fast[0].value is not None and _STAMPS.search(fast[0].value)
+    other = Txn(commit_lsn=0x2_0000_0000, commit_ts_us=1_700_000_001_000_000, xid=None)
+    fast = native.render_change(renderer.lanes, memoryview(payload), 0x2_0000_0008, other)
+    assert _unstamped(fast) == _unstamped(renderer.records(Decoder().decode(payload), other, 0x2_0000_0008))
+
+
+@pytest.mark.parametrize("name", list(DECLINED))
+def test_render_change_declines_what_the_python_path_judges(name):
+    renderer = _renderer()
+    txn = Txn(commit_lsn=100, commit_ts_us=1, xid=5)
+    assert native.render_change(renderer.lanes, DECLINED[name], 200, txn) is None
+
+
+def test_no_lane_for_events_with_schemas():
+    """The schema form wraps the envelope in Python: such relations have no C lane."""
+    assert _renderer(with_schemas=True).lanes == {}
+    assert _renderer().lanes.keys() == {OID}
