@@ -632,26 +632,28 @@ static int add_event(RowEncoder *self, PyObject *out, PyObject *key, PyObject *o
     return rc;
 }
 
-/* render_change(lanes, payload, change_lsn, txn) -> list[Record] | None
- * The records of one pgoutput Insert, Update or Delete outside a stream block, for a
- * relation in `lanes` (oid -> RowEncoder), exactly as cdc/changes.py renders them; None
- * for every other message and whatever the Python path must judge (unknown relation,
- * unchanged TOASTed values, malformed input), which then runs. */
+/* render_change(lanes, message, txn) -> list[Record] | None
+ * The records of one XLogData message (the 'w' CopyData message: start LSN, WAL end and
+ * clock, then the pgoutput payload) carrying an Insert, Update or Delete outside a stream
+ * block, for a relation in `lanes` (oid -> RowEncoder), exactly as cdc/changes.py renders
+ * them at the message's start LSN; None for every other message and whatever the Python
+ * path must judge (unknown relation, unchanged TOASTed values, malformed input). */
 static PyObject *render_change(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyDict_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "render_change(lanes: dict, payload, change_lsn, txn)");
+    if (nargs != 3 || !PyDict_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "render_change(lanes: dict, message, txn)");
         return NULL;
     }
-    unsigned long long change_lsn = PyLong_AsUnsignedLongLong(args[2]);
-    if (change_lsn == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) return NULL;
-    const unsigned char *buf = view.buf;
-    Py_ssize_t size = view.len, pos = 6;
     PyObject *result = NULL, *out = NULL, *source = NULL;
     PyObject *old = NULL, *new = NULL, *old_key = NULL, *old_row = NULL, *key = NULL, *row = NULL;
-    char kind = size > 0 ? (char)buf[0] : 0;
-    if ((kind != 'I' && kind != 'U' && kind != 'D') || size < 7) goto fallback;
+    if (view.len < 25 + 7 || ((const char *)view.buf)[0] != 'w') goto fallback;
+    const unsigned char *buf = (const unsigned char *)view.buf + 25, *head = (const unsigned char *)view.buf + 1;
+    unsigned long long change_lsn = 0;
+    for (int i = 0; i < 8; i++) change_lsn = (change_lsn << 8) | head[i];
+    Py_ssize_t size = view.len - 25, pos = 6;
+    char kind = (char)buf[0];
+    if (kind != 'I' && kind != 'U' && kind != 'D') goto fallback;
     PyObject *oid = PyLong_FromUnsignedLong(((unsigned long)buf[1] << 24) | (buf[2] << 16) | (buf[3] << 8) | buf[4]);
     if (oid == NULL) goto done;
     RowEncoder *self = (RowEncoder *)PyDict_GetItemWithError(args[0], oid);
@@ -676,7 +678,7 @@ static PyObject *render_change(PyObject *module, PyObject *const *args, Py_ssize
     if (pos != size) goto fallback;
     if (new != NULL && (rc = encode_row(self, new, &key, &row)) <= 0) goto fail;
     if (old != NULL && (rc = encode_row(self, old, &old_key, &old_row)) <= 0) goto fail;
-    if ((source = change_source(self, args[3], change_lsn)) == NULL) goto done;
+    if ((source = change_source(self, args[2], change_lsn)) == NULL) goto done;
     if ((out = PyList_New(0)) == NULL) goto done;
     if (kind == 'I') {
         if (add_event(self, out, key, OP_C, NULL, row, source) < 0) goto done;
@@ -757,7 +759,7 @@ static PyMethodDef methods[] = {
      "parse_tuple(buf, pos, unchanged) -> (values, end) | None"},
     {"parse_copy_line", parse_copy_line, METH_O, "parse_copy_line(line) -> list | None"},
     {"render_change", (PyCFunction)(void (*)(void))render_change, METH_FASTCALL,
-     "render_change(lanes, payload, change_lsn, txn) -> list[Record] | None"},
+     "render_change(lanes, message, txn) -> list[Record] | None: one XLogData message's records"},
     {"envelope", (PyCFunction)(void (*)(void))envelope, METH_FASTCALL,
      "envelope(before, after, source, op) -> bytes: the Debezium envelope, stamped now"},
     {"partition_for", (PyCFunction)(void (*)(void))partition_for, METH_FASTCALL,

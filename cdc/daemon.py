@@ -330,16 +330,26 @@ class Daemon:
         repl = self.repl
         assert repl is not None
         status_interval = self.config.source.status_interval_s
-        handle = self._handle
+        handle, send = self._handle, self._send
         incremental = self.incremental
         while not self.stopping and not self._snapshot_finished():
             self._advance()
             if incremental.busy and incremental.chunk is None:
                 incremental.next_chunk()
             messages = repl.read(0.2)
+            lanes = self.renderer.lanes
             for message in messages:
                 kind = message[0]
                 if kind == _W:
+                    txn = self._txn
+                    if _render_change is not None and txn is not None and self._stream_xid is None:
+                        # an insert, update or delete rendered in C; None for everything else
+                        records = _render_change(lanes, message, txn)
+                        if records is not None:
+                            if incremental.chunk is not None:
+                                incremental.saw(records, txn.xid)
+                            send(records)
+                            continue
                     start, _, payload = parse_xlogdata(message)
                     handle(start, payload)
                 elif kind == _K:
@@ -368,14 +378,6 @@ class Daemon:
         if self._stream_xid is not None and payload[0] != _STREAM_STOP:
             self.spill.append(self._stream_xid, change_lsn, payload)  # may still abort: disk, not topic
             return
-        if _render_change is not None and self._txn is not None:
-            # Inserts, updates and deletes in C; it declines everything else (None)
-            records = _render_change(self.renderer.lanes, payload, change_lsn, self._txn)
-            if records is not None:
-                if self.incremental.chunk is not None:
-                    self.incremental.saw(records, self._txn.xid)
-                self._send(records)
-                return
         msg = self.decoder.decode(payload)
         kind = type(msg)
         if kind in _CHANGES:

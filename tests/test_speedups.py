@@ -335,6 +335,11 @@ DECLINED = {
 _STAMPS = re.compile(rb'"ts_ms":\d+,"ts_us":\d+,"ts_ns":\d+}$')
 
 
+def _xlogdata(change_lsn: int, payload: bytes) -> bytes:
+    """The CopyData message the walsender wraps a pgoutput payload in: start LSN, WAL end, clock."""
+    return b"w" + struct.pack(">QQq", change_lsn, change_lsn + 64, 0) + payload
+
+
 def _unstamped(records: list) -> list:
     return [(r.topic, r.key, None if r.value is None else _STAMPS.sub(b"", r.value), r.table) for r in records]
 
@@ -345,21 +350,29 @@ def test_render_change_matches_the_python_path(name):
     renderer = _renderer()
     txn = Txn(commit_lsn=0x1_0000_0000, commit_ts_us=1_700_000_000_123_456, xid=812)
     for change_lsn in (0x1_0000_0010, 0x1_0000_0020):  # the transaction's source parts are cached
-        fast = native.render_change(renderer.lanes, payload, change_lsn, txn)
+        fast = native.render_change(renderer.lanes, _xlogdata(change_lsn, payload), txn)
         slow = renderer.records(Decoder().decode(payload), txn, change_lsn)
         assert all(type(r) is Record for r in fast)
         assert _unstamped(fast) == _unstamped(slow)
         assert fast[0].value is not None and _STAMPS.search(fast[0].value)
     other = Txn(commit_lsn=0x2_0000_0000, commit_ts_us=1_700_000_001_000_000, xid=None)
-    fast = native.render_change(renderer.lanes, memoryview(payload), 0x2_0000_0008, other)
-    assert _unstamped(fast) == _unstamped(renderer.records(Decoder().decode(payload), other, 0x2_0000_0008))
+    fast = native.render_change(renderer.lanes, memoryview(_xlogdata(0xFFFF_FFFF_0000_0008, payload)), other)
+    assert _unstamped(fast) == _unstamped(renderer.records(Decoder().decode(payload), other, 0xFFFF_FFFF_0000_0008))
 
 
 @pytest.mark.parametrize("name", list(DECLINED))
 def test_render_change_declines_what_the_python_path_judges(name):
     renderer = _renderer()
     txn = Txn(commit_lsn=100, commit_ts_us=1, xid=5)
-    assert native.render_change(renderer.lanes, DECLINED[name], 200, txn) is None
+    assert native.render_change(renderer.lanes, _xlogdata(200, DECLINED[name]), txn) is None
+
+
+def test_render_change_declines_what_is_not_xlogdata():
+    txn = Txn(commit_lsn=100, commit_ts_us=1, xid=5)
+    message = _xlogdata(200, CHANGES["insert"])
+    assert native.render_change(_renderer().lanes, message, txn) is not None
+    assert native.render_change(_renderer().lanes, b"k" + message[1:], txn) is None  # a keepalive
+    assert native.render_change(_renderer().lanes, message[:30], txn) is None
 
 
 def test_no_lane_for_events_with_schemas():
