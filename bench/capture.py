@@ -62,18 +62,20 @@ from typing import Any
 import orjson
 import psycopg
 
+from cdc.config import TopicConfig
 from cdc.local_services import LocalBroker, LocalPostgres, find_pg_bin_dir
 from cdc.naming import topic_name
+from cdc.producer import RECORD_OVERHEAD
 
 TABLE = "bench"
 PUBLICATION = "bench_pub"
 CLIENTS = ("kafka-python", "confluent")
 SHORT = {"kafka-python": "kp", "confluent": "cf"}
 PARTITIONS = 3
-LINGER_MS = 5  # cdc's [topic] defaults, mirrored by the client-alone runs
-BATCH_SIZE = 1048576
-MAX_MESSAGE_BYTES = 1048588
-RECORD_OVERHEAD = 128
+# cdc's [topic] defaults, mirrored by the client-alone runs
+LINGER_MS = TopicConfig.linger_ms
+BATCH_SIZE = TopicConfig.batch_size
+MAX_MESSAGE_BYTES = TopicConfig.max_message_bytes
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SAMPLE_RECORDS = 3000  # cdc events kept as templates for the client-alone runs
 TRIM_KEEP = 1000  # records per partition the trimmer leaves on the broker

@@ -73,7 +73,6 @@ class _Counts:
     """Per-partition sent/acknowledged counts and the first failure, shared by both clients."""
 
     def __init__(self, partition_counts: dict[str, int]) -> None:
-        self.partition_counts = partition_counts
         # (topic, partition) keys made once, not per record; the count to pick a partition
         self._partitions = {topic: (n, [(topic, p) for p in range(n)]) for topic, n in partition_counts.items()}
         self.sent: dict[tuple[str, int], int] = {}
