@@ -647,6 +647,7 @@ static PyObject *render_change(PyObject *module, PyObject *const *args, Py_ssize
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *result = NULL, *out = NULL, *source = NULL;
     PyObject *old = NULL, *new = NULL, *old_key = NULL, *old_row = NULL, *key = NULL, *row = NULL;
+    RowEncoder *self = NULL;
     if (view.len < 25 + 7 || ((const char *)view.buf)[0] != 'w') goto fallback;
     const unsigned char *buf = (const unsigned char *)view.buf + 25, *head = (const unsigned char *)view.buf + 1;
     unsigned long long change_lsn = 0;
@@ -656,12 +657,18 @@ static PyObject *render_change(PyObject *module, PyObject *const *args, Py_ssize
     if (kind != 'I' && kind != 'U' && kind != 'D') goto fallback;
     PyObject *oid = PyLong_FromUnsignedLong(((unsigned long)buf[1] << 24) | (buf[2] << 16) | (buf[3] << 8) | buf[4]);
     if (oid == NULL) goto done;
-    RowEncoder *self = (RowEncoder *)PyDict_GetItemWithError(args[0], oid);
+    self = (RowEncoder *)PyDict_GetItemWithError(args[0], oid);
     Py_DECREF(oid);
     if (self == NULL) {
         if (PyErr_Occurred()) goto done;
         goto fallback;
     }
+    if (!Py_IS_TYPE(self, &RowEncoderType) || self->record == NULL) {
+        PyErr_SetString(PyExc_TypeError, "lanes must map relation oids to RowEncoders made with topic, table, record");
+        self = NULL;
+        goto done;
+    }
+    Py_INCREF(self); /* converters run Python code: keep the lane alive whatever they do */
     char tag = (char)buf[5];
     int rc;
     if (kind == 'I' || (kind == 'U' && tag == 'N')) {
@@ -709,6 +716,7 @@ done:
     Py_XDECREF(old_row);
     Py_XDECREF(key);
     Py_XDECREF(row);
+    Py_XDECREF(self);
     PyBuffer_Release(&view);
     return result;
 }

@@ -51,7 +51,7 @@ class TopicConfig:
     max_message_bytes: int = 1048588
     allow_non_compacted: bool = False
     client: str = "kafka-python"
-    linger_ms: int = 20
+    linger_ms: int = 5
     batch_size: int = 1048576
     delivery_timeout_ms: int = 120000
     security_protocol: str = "PLAINTEXT"

@@ -379,3 +379,13 @@ def test_no_lane_for_events_with_schemas():
     """The schema form wraps the envelope in Python: such relations have no C lane."""
     assert _renderer(with_schemas=True).lanes == {}
     assert _renderer().lanes.keys() == {OID}
+
+
+def test_render_change_refuses_lanes_that_are_not_encoders():
+    txn = Txn(commit_lsn=100, commit_ts_us=1, xid=5)
+    message = _xlogdata(200, CHANGES["insert"])
+    with pytest.raises(TypeError, match="RowEncoders"):
+        native.render_change({OID: object()}, message, txn)
+    bare = native.RowEncoder((b'"id":',), bytes([1]), (int,), (0,), orjson.dumps, UNCHANGED)
+    with pytest.raises(TypeError, match="RowEncoders"):
+        native.render_change({OID: bare}, message, txn)
