@@ -123,6 +123,18 @@ def topic_prefix() -> str:
     return "t" + uuid.uuid4().hex[:12]
 
 
+@pytest.fixture(autouse=True)
+def _no_daemon_outlives_its_test():
+    """A test that fails half-way must not leave its `cdc run` streaming into later tests."""
+    yield
+    from tests.support import DaemonProcess
+
+    for daemon in DaemonProcess.started:
+        if daemon.alive():
+            daemon.kill9()
+    DaemonProcess.started.clear()
+
+
 @pytest.fixture
 def run_daemon(tmp_path: Path, db: TestDatabase, broker_servers: str, topic_prefix: str):
     """Start `cdc run` on the test's database; returns (daemon, slot). Stopped at teardown."""

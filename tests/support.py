@@ -74,6 +74,9 @@ def cdc(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
 class DaemonProcess:
     """`cdc run` as a real OS process, so tests can SIGTERM and kill -9 it."""
 
+    #: every one started in this test session; conftest kills those still alive after each test
+    started: list[DaemonProcess] = []
+
     def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None) -> None:
         self.config, self.log, self.env = config, log, env or {}
         self.proc: subprocess.Popen | None = None
@@ -84,6 +87,7 @@ class DaemonProcess:
             [sys.executable, "-m", "cdc", "run", "--config", str(self.config)],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
         )
+        DaemonProcess.started.append(self)
         return self
 
     def stop(self, timeout: float = 60) -> int:
