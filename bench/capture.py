@@ -72,6 +72,7 @@ PUBLICATION = "bench_pub"
 CLIENTS = ("kafka-python", "confluent")
 SHORT = {"kafka-python": "kp", "confluent": "cf"}
 PARTITIONS = 3
+RECV_SLOTS = ("bench_recv", "bench_recv2")  # pg_recvlogical's passes before and after cdc
 # cdc's [topic] defaults, mirrored by the client-alone runs
 LINGER_MS = TopicConfig.linger_ms
 BATCH_SIZE = TopicConfig.batch_size
@@ -414,7 +415,7 @@ class Bench:
         self.log(f"PostgreSQL on port {self.pg.port}")
         self.sql(CREATE_TABLE)
         self.sql(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE} WITH (publish_via_partition_root = true)")
-        slots = ["bench_recv", "bench_recv2"] + [f"bench_{SHORT[c]}" for c in self.clients]
+        slots = [*RECV_SLOTS, *(f"bench_{SHORT[c]}" for c in self.clients)]
         if self.args.profile:
             slots += [f"bench_prof_{SHORT[c]}" for c in self.clients]
         for slot in slots:  # all before the writes: every reader decodes the same WAL
@@ -800,17 +801,18 @@ class Bench:
         self.load_before = os.getloadavg()
         self.setup()
         self.generate()
-        self.run_recvlogical("bench_recv")
+        before, after = RECV_SLOTS
+        self.run_recvlogical(before)
         for client in self.clients:
             self.run_cdc(client)
-        self.run_recvlogical("bench_recv2")
+        self.run_recvlogical(after)
         for client in self.clients:
             self.run_client_alone(client)
         if self.args.profile:
             self.args.profile.mkdir(parents=True, exist_ok=True)
             for client in self.clients:
                 self.run_cdc(client, profile_dir=self.args.profile)
-        for slot in ["bench_recv", "bench_recv2"] + [f"bench_{SHORT[c]}" for c in self.clients]:
+        for slot in [*RECV_SLOTS, *(f"bench_{SHORT[c]}" for c in self.clients)]:
             with contextlib.suppress(Exception):
                 self.sql("SELECT pg_drop_replication_slot(%s)", (slot,))
         if not self.args.skip_latency:
