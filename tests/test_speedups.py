@@ -7,10 +7,12 @@ table's values, odd identifiers, every control character and random input.
 
 from __future__ import annotations
 
+import gc
 import random
 import re
 import struct
 import time
+import weakref
 
 import orjson
 import pytest
@@ -389,3 +391,14 @@ def test_render_change_refuses_lanes_that_are_not_encoders():
     bare = native.RowEncoder((b'"id":',), bytes([1]), (int,), (0,), orjson.dumps, UNCHANGED)
     with pytest.raises(TypeError, match="RowEncoders"):
         native.render_change({OID: bare}, message, txn)
+
+
+def test_a_relation_version_is_freed_when_replaced():
+    """The encoder calls back into its TableEvents (source parts): the cycle must be collectable,
+    or every Relation message (each reconnect, each ALTER TABLE) would leak one."""
+    events = _events(["id", "v"], [("int4", -1), ("text", -1)], [0])
+    assert events.lane is not None
+    ref = weakref.ref(events)
+    del events
+    gc.collect()
+    assert ref() is None
