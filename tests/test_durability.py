@@ -118,26 +118,37 @@ def test_postgres_connections_cut_mid_stream(tmp_path, db, broker_servers, topic
 
 
 class _FailOnce:
-    """Loses one record handed to the client and reports it failed once every record sent
-    after it succeeded: the hazard DESIGN.md names (a lone retry of it would land after
-    newer versions of its key)."""
+    """Loses one record handed to the client while records sent after it succeed, then
+    reports it failed: the hazard DESIGN.md names (a lone retry of it would land after
+    newer versions of its key). Reported as a client reports it: in order on its partition,
+    so no later record of that partition counts as acknowledged before the failure shows."""
 
     def __init__(self, inner, fail_at: int) -> None:
         self.inner, self.fail_at, self.sent, self.failed = inner, fail_at, 0, False
+        self.lost_tp, self.sent_before = None, 0
 
     def send(self, topic, key, value):
         self.sent += 1
         if self.sent == self.fail_at:
             self.failed = True
-            self.inner._place(topic, key)  # counted as sent, as the client takes it, but never delivered
+            self.lost_tp = self.inner._place(topic, key)  # counted as sent, as the client takes it, never delivered
+            self.sent_before = self.inner.sent[self.lost_tp] - 1
             return
         self.inner.send(topic, key, value)
 
+    def _report(self) -> None:
+        if self.failed and (
+            self.inner.in_flight() == 1  # everything sent after it is in
+            or self.inner.acked.get(self.lost_tp, 0) > self.sent_before  # a later record of its partition is
+        ):
+            raise ProducerError("injected failure")
+
     def reached(self, mark):
         self.inner.reached({})
-        if self.failed and self.inner.in_flight() == 1:  # once the records sent after it are in
-            raise ProducerError("injected failure")
-        return self.inner.reached(mark)
+        self._report()
+        result = self.inner.reached(mark)  # kafka-python collects acknowledgements here too
+        self._report()
+        return result
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
