@@ -1281,21 +1281,16 @@ def summarize_profile(path: Path, top: int = 20, idle: bool = False, seconds: fl
 # --------------------------------------------------------------------------- main
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=500_000, help="row changes to write and capture (default 500000)")
+def add_shared_args(parser: argparse.ArgumentParser) -> None:
+    """The options both benches take (bench/snapshot.py too)."""
     parser.add_argument("--clients", default="kafka-python,confluent", help="comma-separated: kafka-python,confluent")
-    parser.add_argument("--skip-latency", action="store_true", help="skip the latency phase")
-    parser.add_argument("--latency-rate", type=int, default=2000, help="offered transactions/s in the latency phase")
-    parser.add_argument("--latency-seconds", type=int, default=15, help="length of the latency load")
-    parser.add_argument("--profile", type=Path, metavar="DIR", help="also stream the WAL once more per client under py-spy; raw profiles go to DIR")
-    parser.add_argument("--profile-idle", action="store_true", help="profile every thread, waiting ones included, instead of the GIL holder only")
-    parser.add_argument("--profile-top", type=int, default=20, help="functions listed per profile table")
-    parser.add_argument("--seed", type=int, default=42, help="seed of the workload generator")
     parser.add_argument("--no-trim", dest="trim", action="store_false",
                         help="do not delete acknowledged records from the broker while measuring (see the module docstring)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs)")
-    args = parser.parse_args(argv)
+
+
+def check_shared_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Turn --clients into a list of known clients and require positive --rows."""
     args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
     for client in args.clients:
         if client not in CLIENTS:
@@ -1304,6 +1299,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--clients is empty")
     if args.rows < 1:
         parser.error("--rows must be positive")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=500_000, help="row changes to write and capture (default 500000)")
+    add_shared_args(parser)
+    parser.add_argument("--skip-latency", action="store_true", help="skip the latency phase")
+    parser.add_argument("--latency-rate", type=int, default=2000, help="offered transactions/s in the latency phase")
+    parser.add_argument("--latency-seconds", type=int, default=15, help="length of the latency load")
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="also stream the WAL once more per client under py-spy; raw profiles go to DIR")
+    parser.add_argument("--profile-idle", action="store_true", help="profile every thread, waiting ones included, instead of the GIL holder only")
+    parser.add_argument("--profile-top", type=int, default=20, help="functions listed per profile table")
+    parser.add_argument("--seed", type=int, default=42, help="seed of the workload generator")
+    args = parser.parse_args(argv)
+    check_shared_args(parser, args)
     if args.profile and not shutil.which("py-spy"):
         parser.error("--profile needs py-spy: pip install py-spy")
     return args

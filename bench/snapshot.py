@@ -48,7 +48,6 @@ from typing import Any
 
 import psycopg
 from capture import (
-    CLIENTS,
     CREATE_TABLE,
     INSERT_ROWS,
     PARTITIONS,
@@ -62,6 +61,8 @@ from capture import (
     CpuWindow,
     _broker_pid,
     _f,
+    add_shared_args,
+    check_shared_args,
     cpu_seconds,
     create_topic,
     drive,
@@ -531,30 +532,20 @@ class SnapshotBench(Bench):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows in the table (default 2000000)")
-    parser.add_argument("--clients", default="kafka-python,confluent", help="comma-separated: kafka-python,confluent")
+    add_shared_args(parser)
     parser.add_argument("--parallelism", default="1,2,4", help="comma-separated [snapshot] parallelism values (default 1,2,4)")
     parser.add_argument("--split-rows", type=int, default=None, help="[snapshot] split_rows (default: cdc's)")
     parser.add_argument("--copy-repeats", type=int, default=2, help="timed COPY runs per reader, best kept (default 2)")
     parser.add_argument("--stall-seconds", type=float, default=180.0,
                         help="a cdc snapshot whose log stays silent this long is reported hung and killed")
-    parser.add_argument("--no-trim", dest="trim", action="store_false",
-                        help="do not delete acknowledged records from the broker while measuring (see the module docstring)")
-    parser.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs)")
     args = parser.parse_args(argv)
-    args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
-    for client in args.clients:
-        if client not in CLIENTS:
-            parser.error(f"--clients: unknown client {client!r}; choose from {', '.join(CLIENTS)}")
-    if not args.clients:
-        parser.error("--clients is empty")
+    check_shared_args(parser, args)
     try:
         args.parallelism = [int(p) for p in args.parallelism.split(",") if p.strip()]
     except ValueError:
         parser.error("--parallelism takes comma-separated integers, e.g. 1,2,4")
     if not args.parallelism or min(args.parallelism) < 1:
         parser.error("--parallelism values must be at least 1")
-    if args.rows < 1:
-        parser.error("--rows must be positive")
     if args.copy_repeats < 1:
         parser.error("--copy-repeats must be at least 1")
     args.profile = None  # Bench (bench/capture.py) reads it
