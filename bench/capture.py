@@ -63,7 +63,8 @@ import orjson
 import psycopg
 
 from cdc.config import TopicConfig
-from cdc.local_services import LocalBroker, LocalPostgres, find_pg_bin_dir
+from cdc.local.kafka import LocalKafka
+from cdc.local.postgres import LocalPostgres, find_pg_bin_dir
 from cdc.naming import topic_name
 from cdc.producer import RECORD_OVERHEAD
 
@@ -270,13 +271,13 @@ class Processes:
         self._children.clear()
 
 
-def _broker_pid(broker: LocalBroker) -> int | None:
+def _broker_pid(broker: LocalKafka) -> int | None:
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         return int(json.loads((broker.data_dir / "noida.control.json").read_text())["pid"])
     return None
 
 
-def discard_broker(broker: LocalBroker) -> None:
+def discard_broker(broker: LocalKafka) -> None:
     """End a broker whose data nobody needs: SIGKILL (a graceful stop would first spend
     seconds serializing every record to JSON), then delete its data directory."""
     pid = _broker_pid(broker)
@@ -354,7 +355,7 @@ class Bench:
         self.workdir = Path(tempfile.mkdtemp(prefix="cdc-bench-"))
         os.chmod(self.workdir, 0o755)  # the postgres OS user must reach the cluster below it
         self.pg: LocalPostgres | None = None
-        self.brokers: list[LocalBroker] = []
+        self.brokers: list[LocalKafka] = []
         self.results: dict[str, Throughput] = {}
         self.recv_rates: list[float] = []  # pg_recvlogical passes, changes/s
         self.latencies: dict[str, Latency] = {}
@@ -378,12 +379,12 @@ class Bench:
             cur = conn.execute(query, params)
             return cur.fetchall() if cur.description else []
 
-    def new_broker(self, name: str) -> LocalBroker:
-        broker = LocalBroker(self.workdir / f"broker-{name}").start()
+    def new_broker(self, name: str) -> LocalKafka:
+        broker = LocalKafka(self.workdir / f"broker-{name}").start()
         self.brokers.append(broker)
         return broker
 
-    def drop_broker(self, broker: LocalBroker) -> None:
+    def drop_broker(self, broker: LocalKafka) -> None:
         discard_broker(broker)
         with contextlib.suppress(ValueError):
             self.brokers.remove(broker)
@@ -522,7 +523,7 @@ class Bench:
         self.log(f"pg_recvlogical: {self.args.rows / elapsed:,.0f} changes/s")
 
     # -- 3. cdc -------------------------------------------------------------------------------
-    def write_config(self, path: Path, client: str, slot: str, prefix: str, broker: LocalBroker) -> Path:
+    def write_config(self, path: Path, client: str, slot: str, prefix: str, broker: LocalKafka) -> Path:
         sections: dict[str, dict[str, Any]] = {
             "source": {"dsn": self.dsn, "slot": slot, "publication": PUBLICATION, "tables": [f"public.{TABLE}"]},
             "topic": {"bootstrap_servers": broker.bootstrap_servers, "prefix": prefix,
@@ -537,7 +538,7 @@ class Bench:
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         return path
 
-    def start_daemon(self, client: str, slot: str, prefix: str, broker: LocalBroker) -> tuple[subprocess.Popen, Path, float]:
+    def start_daemon(self, client: str, slot: str, prefix: str, broker: LocalKafka) -> tuple[subprocess.Popen, Path, float]:
         if self.args.trim:  # see the module docstring; cdc accepts it because the policy includes compact
             create_topic(broker.bootstrap_servers, topic_name(prefix, "public", TABLE), "compact,delete")
         config = self.write_config(self.workdir / f"{prefix}.toml", client, slot, prefix, broker)
@@ -576,7 +577,7 @@ class Bench:
                     raise BenchError(f"slot {slot} did not reach the end of the writes in {timeout:.0f} s; see {log_path}")
                 time.sleep(0.02)
 
-    def trimmer(self, broker: LocalBroker, topic: str, **kwargs: Any) -> Trimmer | None:
+    def trimmer(self, broker: LocalKafka, topic: str, **kwargs: Any) -> Trimmer | None:
         if not self.args.trim:
             return None
         trimmer = Trimmer(broker.bootstrap_servers, topic, **kwargs)

@@ -70,7 +70,7 @@ from capture import (
 )
 
 from cdc.config import TopicConfig
-from cdc.local_services import LocalPostgres, find_pg_bin_dir
+from cdc.local.postgres import LocalPostgres, find_pg_bin_dir
 from cdc.naming import topic_name
 from cdc.topics import TopicAdmin
 

@@ -21,7 +21,8 @@ import click
 import psycopg
 
 from cdc.config import TopicConfig
-from cdc.local_services import LocalBroker, LocalPostgres
+from cdc.local.kafka import LocalKafka
+from cdc.local.postgres import LocalPostgres
 from cdc.naming import topic_name
 from compaction.reader import read_topic
 from compaction.table import build, payload_of
@@ -58,7 +59,7 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
     base.mkdir(parents=True, exist_ok=True)
     _step(f"starting PostgreSQL (wal_level=logical) and a Kafka-protocol broker under {base}")
     pg = LocalPostgres(base / "postgres").start()
-    broker = LocalBroker(base / "broker").start()
+    broker = LocalKafka(base / "broker").start()
     daemon: subprocess.Popen | None = None
     try:
         dsn = pg.dsn()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -148,11 +149,28 @@ class TopicAdmin:
                         f"{self.config.max_message_bytes} for this cluster, or create the topic yourself "
                         "with cleanup.policy=compact"
                     ) from None
-            infos.update(self.describe(missing))
-            for name in missing:
-                if name not in infos:
-                    raise TopicError(f"topic {name} could not be created: check the broker's log and ACLs")
+            infos.update(self._await_created(missing))
         return infos
+
+    def _await_created(self, names: list[str], timeout_s: float = 30.0) -> dict[str, TopicInfo]:
+        """Describe topics just created: a broker lists a new topic only once its metadata
+        has reached it, a moment after CreateTopics returned, so a single look can miss it."""
+        from kafka.errors import UnknownTopicOrPartitionError
+
+        deadline = time.monotonic() + timeout_s
+        infos: dict[str, TopicInfo] = {}
+        while True:
+            with contextlib.suppress(UnknownTopicOrPartitionError):
+                infos = self.describe(names)
+                if len(infos) == len(names):
+                    return infos
+            if time.monotonic() > deadline:
+                absent = sorted(set(names) - set(infos))
+                raise TopicError(
+                    f"topics {', '.join(absent)} were created but not visible after {timeout_s:.0f} s: "
+                    "check the broker's log and ACLs"
+                )
+            time.sleep(0.2)
 
     def end_offsets(self, names: list[str]) -> dict[str, dict[int, int]]:
         """Per topic, per partition, the offset the next record will get."""

@@ -19,7 +19,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.local_services import LocalBroker, LocalPostgres
+from cdc.local.kafka import LocalKafka
+from cdc.local.postgres import LocalPostgres
 
 EXTERNAL_KAFKA_ENV = "CDC_TEST_BOOTSTRAP_SERVERS"
 
@@ -45,12 +46,12 @@ def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker | None]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka | None]:
     """The shared local broker, or None when an external Kafka is configured."""
     if os.environ.get(EXTERNAL_KAFKA_ENV):
         yield None
         return
-    local = LocalBroker(tmp_path_factory.mktemp("broker"))
+    local = LocalKafka(tmp_path_factory.mktemp("broker"))
     local.start()
     try:
         yield local
@@ -59,7 +60,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker | N
 
 
 @pytest.fixture(scope="session")
-def broker_servers(broker: LocalBroker | None) -> str:
+def broker_servers(broker: LocalKafka | None) -> str:
     """bootstrap.servers of the shared broker (external Kafka or the local noida-db)."""
     external = os.environ.get(EXTERNAL_KAFKA_ENV)
     if external:
@@ -69,9 +70,9 @@ def broker_servers(broker: LocalBroker | None) -> str:
 
 
 @pytest.fixture
-def local_broker(tmp_path: Path) -> Iterator[LocalBroker]:
+def local_broker(tmp_path: Path) -> Iterator[LocalKafka]:
     """A dedicated local broker for this test alone: restart it, stop it, break it."""
-    dedicated = LocalBroker(tmp_path / "broker")
+    dedicated = LocalKafka(tmp_path / "broker")
     dedicated.start()
     try:
         yield dedicated

@@ -20,7 +20,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc.local_services import LocalPostgres, free_port
+from cdc.local.postgres import LocalPostgres
+from cdc.local.process import free_port
 from cdc.naming import topic_name
 from cdc.replication import ReplicationConnection
 from tests.support import (

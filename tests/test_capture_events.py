@@ -154,7 +154,7 @@ def test_per_key_order_under_concurrent_writers(db, broker_servers, topic_prefix
 
 
 def test_status_and_metrics(db, broker_servers, topic_prefix, run_daemon, tmp_path):
-    from cdc.local_services import free_port
+    from cdc.local.process import free_port
 
     port = free_port()
     db.execute("CREATE TABLE public.m (id int PRIMARY KEY)")

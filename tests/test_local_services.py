@@ -12,7 +12,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
-from cdc.local_services import LocalBroker, LocalPostgres
+from cdc.local.kafka import LocalKafka
+from cdc.local.postgres import LocalPostgres
 
 # --------------------------------------------------------------------------- PostgreSQL
 
@@ -157,7 +158,7 @@ def test_broker_round_trips_a_record_and_keeps_compact_config(
 
 
 def test_broker_restart_keeps_records_and_configs(
-    local_broker: LocalBroker, topic_prefix: str
+    local_broker: LocalKafka, topic_prefix: str
 ) -> None:
     servers = local_broker.bootstrap_servers
     topic = f"{topic_prefix}.public.kept"
@@ -181,15 +182,15 @@ def test_broker_restart_keeps_records_and_configs(
 
 
 def test_two_brokers_side_by_side_and_a_taken_port_fails_clearly(
-    local_broker: LocalBroker, tmp_path: Path
+    local_broker: LocalKafka, tmp_path: Path
 ) -> None:
     """Each noida-db also opens a random control port; two must coexist."""
-    with LocalBroker(tmp_path / "second") as second:
+    with LocalKafka(tmp_path / "second") as second:
         assert second.port != local_broker.port
         admin = KafkaAdminClient(bootstrap_servers=second.bootstrap_servers)
         admin.close()
     assert not second.running
-    clash = LocalBroker(tmp_path / "clash", port=local_broker.port)
+    clash = LocalKafka(tmp_path / "clash", port=local_broker.port)
     with pytest.raises(RuntimeError, match="already in use") as info:
         clash.start()
     assert "\n" not in str(info.value)

@@ -1,101 +1,36 @@
-"""Throwaway local services for the tests and for `cdc demo`.
+"""A throwaway PostgreSQL cluster with ``wal_level=logical`` for the tests and `cdc demo`.
 
-`LocalPostgres` initdb's a private cluster with ``wal_level=logical`` (the shared
-cluster on 5432, where there is one, runs with the default ``wal_level`` and must
-not be touched). `LocalBroker` runs the Kafka-protocol broker from the PyPI
-package ``noida-db``, because Apache Kafka cannot be installed here.
-
-Both bind 127.0.0.1 on a free port, put everything under a directory the caller
-chooses, can be stopped and restarted on the same port with their data kept,
-and are stopped at interpreter exit if the caller forgot to (``stop_at_exit``).
+The shared cluster on 5432, where a machine has one, runs with the default
+``wal_level`` and must not be touched: this one is initdb'd privately on a free port.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import glob
-import importlib.resources
-import json
-import logging
 import os
 import pwd
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-__all__ = ["LocalBroker", "LocalPostgres", "free_port"]
-
-_LOCALHOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago.
-
-    Another process can still take it before the server binds it, so the
-    services below retry with a fresh port when they chose the port themselves.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_LOCALHOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
-        try:
-            sock.bind((_LOCALHOST, port))
-        except OSError:
-            return False
-        return True
-
-
-def _log_tail(path: Path, offset: int = 0, lines: int = 12) -> str:
-    """The last lines of a log written since `offset`, on one line (errors stay one line)."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(offset)
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return f"(no log at {path})"
-    kept = [ln.strip() for ln in text.splitlines() if ln.strip() and "GLIBC_" not in ln]
-    return " | ".join(kept[-lines:]) or f"(log {path} is empty)"
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-class _Stoppable(Protocol):
-    def stop(self) -> None: ...
-
-
-_LIVE: dict[_Stoppable, int] = {}  # running service -> pid of the process that started it
-
-
-@atexit.register
-def _stop_leftovers() -> None:
-    """Never leave a server behind when a demo or a test run exits without stopping it."""
-    for service, owner in list(_LIVE.items()):
-        if owner == os.getpid():  # a forked child must not stop its parent's servers
-            with contextlib.suppress(Exception):
-                service.stop()
-
-
-# --------------------------------------------------------------------------- PostgreSQL
+from cdc.local.process import (
+    LOCALHOST,
+    ServiceUnavailable,
+    file_size,
+    free_port,
+    log_tail,
+    register,
+    unregister,
+)
 
 
 def _pg_version_key(bin_dir: str) -> tuple[int, ...]:
@@ -113,7 +48,7 @@ def find_pg_bin_dir() -> Path:
     if env:
         path = Path(env)
         if not (path / "initdb").is_file():
-            raise RuntimeError(f"CDC_PG_BIN={env} has no initdb")
+            raise ServiceUnavailable(f"CDC_PG_BIN={env} has no initdb")
         return path
     candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_pg_version_key, reverse=True)
     for cand in candidates:
@@ -133,7 +68,7 @@ def find_pg_bin_dir() -> Path:
             bindir, pkglibdir = Path(out[0].strip()), Path(out[1].strip())
             if (bindir / "initdb").is_file() and (pkglibdir / "pgoutput.so").is_file():
                 return bindir
-    raise RuntimeError(
+    raise ServiceUnavailable(
         "no PostgreSQL server binaries with pgoutput found: run `apt-get install postgresql` "
         "(or point CDC_PG_BIN at a bin dir holding initdb, pg_ctl and postgres)"
     )
@@ -144,7 +79,7 @@ def _conf_value(value: str) -> str:
 
 
 _HBA = """\
-# Written by cdc.local_services: a throwaway cluster reachable only from this machine.
+# Written by cdc.local.postgres: a throwaway cluster reachable only from this machine.
 local   all          all                    trust
 host    all          all    127.0.0.1/32    trust
 local   replication  all                    trust
@@ -167,7 +102,7 @@ class LocalPostgres:
         "wal_level": "logical",
         "max_replication_slots": "20",
         "max_wal_senders": "20",
-        "listen_addresses": _LOCALHOST,
+        "listen_addresses": LOCALHOST,
         "fsync": "off",  # throwaway data: no reason to wait for the disk
         "full_page_writes": "off",
         "max_connections": "100",
@@ -216,7 +151,7 @@ class LocalPostgres:
         try:
             return pwd.getpwnam("postgres")
         except KeyError:
-            raise RuntimeError(
+            raise ServiceUnavailable(
                 "running as root needs a `postgres` OS user for initdb "
                 "(`apt-get install postgresql` creates it); or run as a non-root user"
             ) from None
@@ -280,7 +215,7 @@ class LocalPostgres:
                 self._cluster_dir, self._relocated = cand, True
                 return cand
             cand.rmdir()
-        raise RuntimeError(
+        raise ServiceUnavailable(
             f"the postgres OS user cannot reach {self.base_dir} nor a temp dir: "
             "pick a base_dir it can traverse"
         )
@@ -288,7 +223,7 @@ class LocalPostgres:
     # -- lifecycle ---------------------------------------------------------------------
     def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
         """libpq DSN over TCP (replication connections are allowed from 127.0.0.1)."""
-        return make_conninfo("", host=_LOCALHOST, port=self.port, user=user, dbname=dbname)
+        return make_conninfo("", host=LOCALHOST, port=self.port, user=user, dbname=dbname)
 
     @property
     def running(self) -> bool:
@@ -313,7 +248,7 @@ class LocalPostgres:
             data.mkdir(mode=0o700)
             if user is not None:
                 os.chown(data, user.pw_uid, user.pw_gid)
-        offset = _file_size(self.log_path)
+        offset = file_size(self.log_path)
         with self.log_path.open("ab") as log:
             result = subprocess.run(
                 [
@@ -335,8 +270,8 @@ class LocalPostgres:
                 **self._run_kwargs(),
             )
         if result.returncode != 0:
-            raise RuntimeError(
-                f"initdb failed (exit {result.returncode}): {_log_tail(self.log_path, offset)}"
+            raise ServiceUnavailable(
+                f"initdb failed (exit {result.returncode}): {log_tail(self.log_path, offset)}"
             )
         (data / "pg_hba.conf").write_text(_HBA)
         with (data / "postgresql.conf").open("a") as fh:
@@ -348,7 +283,7 @@ class LocalPostgres:
             "port": str(self.port),
             "unix_socket_directories": str(self.socket_dir),
         }
-        lines = ["# Written by cdc.local_services on every start; edits are lost."]
+        lines = ["# Written by cdc.local.postgres on every start; edits are lost."]
         lines += [f"{name} = {_conf_value(value)}" for name, value in settings.items()]
         path = self.data_dir / "cdc_local.conf"
         path.write_text("\n".join(lines) + "\n")
@@ -364,7 +299,7 @@ class LocalPostgres:
             self._initdb()
         for attempt in range(4):
             self._write_settings()
-            offset = _file_size(self.log_path)
+            offset = file_size(self.log_path)
             t0 = time.monotonic()
             with self.log_path.open("ab") as log:
                 # No -l: postmaster inherits this fd, so the log may live where the
@@ -390,15 +325,15 @@ class LocalPostgres:
             if result.returncode == 0 and self._wait_connectable(t0 + 30):
                 self._auto_port = False  # from now on restarts keep this port
                 if self.stop_at_exit:
-                    _LIVE[self] = os.getpid()
+                    register(self)
                 return self
-            tail = _log_tail(self.log_path, offset)
+            tail = log_tail(self.log_path, offset)
             if self._auto_port and attempt < 3 and "already in use" in tail:
                 self.port = free_port()  # lost the race for the port: try another
                 continue
             with contextlib.suppress(Exception):
                 self.stop(mode="immediate")
-            raise RuntimeError(f"PostgreSQL did not start on port {self.port}: {tail}")
+            raise ServiceUnavailable(f"PostgreSQL did not start on port {self.port}: {tail}")
         raise AssertionError("unreachable")
 
     def _wait_connectable(self, deadline: float) -> bool:
@@ -414,12 +349,12 @@ class LocalPostgres:
 
     def stop(self, mode: str = "fast") -> None:
         """``pg_ctl stop -m mode`` (smart, fast or immediate); a no-op when not running."""
-        _LIVE.pop(self, None)
+        unregister(self)
         if self._cluster_dir is None and not (self.base_dir / "data").exists():
             return
         if not (self.data_dir / "postmaster.pid").exists():
             return
-        offset = _file_size(self.log_path)
+        offset = file_size(self.log_path)
         with self.log_path.open("ab") as log:
             result = subprocess.run(
                 [
@@ -442,7 +377,7 @@ class LocalPostgres:
             )
         if result.returncode != 0 and (self.data_dir / "postmaster.pid").exists():
             raise RuntimeError(
-                f"pg_ctl stop failed (exit {result.returncode}): {_log_tail(self.log_path, offset)}"
+                f"pg_ctl stop failed (exit {result.returncode}): {log_tail(self.log_path, offset)}"
             )
 
     def restart(self) -> None:
@@ -501,216 +436,3 @@ class LocalPostgres:
 
     def __repr__(self) -> str:
         return f"LocalPostgres(port={self.port}, base_dir={str(self.base_dir)!r})"
-
-
-# --------------------------------------------------------------------------- Kafka broker
-
-
-def find_noida_db() -> list[str]:
-    """The command that runs noida-db.
-
-    The native binary inside the ``noida_db`` package is preferred over the
-    ``noida-db`` console script: the script is a Python wrapper that does not pass
-    SIGTERM on, so stopping it would not let the broker save its data.
-    """
-    env = os.environ.get("CDC_NOIDA_DB_BIN")
-    if env:
-        return [env]
-    with contextlib.suppress(ModuleNotFoundError, OSError, TypeError):
-        binary = Path(str(importlib.resources.files("noida_db").joinpath("noida-db")))
-        if binary.is_file() and os.access(binary, os.X_OK):
-            return [str(binary)]
-    script = shutil.which("noida-db")
-    if script:
-        return [script]
-    raise RuntimeError(
-        "noida-db not found: `python -m pip install noida-db` "
-        "(or `pip install -e '.[local]'`), or set CDC_NOIDA_DB_BIN"
-    )
-
-
-class LocalBroker:
-    """A Kafka-protocol broker process (noida-db from PyPI) on a free 127.0.0.1 port.
-
-    ``data_dir`` holds noida-db's state (``kafka.json``: every topic, config and
-    record, written periodically and on SIGTERM; ``noida.control.json`` while it
-    runs) and our ``broker.log``. noida-db loses recently acknowledged records on
-    SIGKILL, so `stop` is graceful and `restart` keeps the data.
-    """
-
-    START_TIMEOUT_S = 30.0
-    STOP_TIMEOUT_S = 20.0
-
-    def __init__(
-        self, data_dir: str | Path, port: int | None = None, *, stop_at_exit: bool = True
-    ) -> None:
-        self.data_dir = Path(data_dir).absolute()
-        self._auto_port = port is None
-        self.port: int = port if port is not None else free_port()
-        self.stop_at_exit = stop_at_exit
-        self.log_path = self.data_dir / "broker.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return f"{_LOCALHOST}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def start(self) -> LocalBroker:
-        """Start noida-db in its own process group; return once a metadata request succeeds."""
-        if self.running:
-            return self
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        command = find_noida_db()
-        for attempt in range(4):
-            if not _port_is_free(self.port):
-                if self._auto_port and attempt < 3:
-                    self.port = free_port()
-                    continue
-                raise RuntimeError(f"noida-db cannot start: port {self.port} is already in use")
-            offset = _file_size(self.log_path)
-            with self.log_path.open("ab") as log:
-                self._proc = subprocess.Popen(
-                    [
-                        *command,
-                        "start",
-                        "--only",
-                        "kafka",
-                        "--kafka-port",
-                        str(self.port),
-                        "--data-dir",
-                        str(self.data_dir),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.data_dir,
-                    start_new_session=True,  # stop() signals the whole group
-                )
-            error = self._wait_ready(time.monotonic() + self.START_TIMEOUT_S)
-            if error is None:
-                self._auto_port = False  # from now on restarts keep this port
-                if self.stop_at_exit:
-                    _LIVE[self] = os.getpid()
-                return self
-            self._kill_group(signal.SIGKILL)
-            tail = _log_tail(self.log_path, offset)
-            if self._auto_port and attempt < 3 and "already in use" in tail:
-                self.port = free_port()  # lost the race for the port: try another
-                continue
-            raise RuntimeError(f"noida-db did not start on port {self.port}: {error}: {tail}")
-        raise AssertionError("unreachable")
-
-    def _wait_ready(self, deadline: float) -> str | None:
-        """None once the broker answers a Kafka metadata request, else why not."""
-        from kafka.errors import KafkaConfigurationError  # deferred: kafka is slow to import
-
-        assert self._proc is not None
-        why = "timed out"
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                return f"exited with code {self._proc.returncode}"
-            if not self._owns_data_dir():
-                why = "noida.control.json does not name our process yet"
-                time.sleep(0.02)
-                continue
-            try:
-                socket.create_connection((_LOCALHOST, self.port), timeout=1).close()
-            except OSError as exc:
-                why = f"port closed ({exc})"
-                time.sleep(0.02)
-                continue
-            try:
-                self._probe()
-                return None
-            except (ImportError, TypeError, KafkaConfigurationError):
-                raise  # our bug, not a broker that is still starting
-            except Exception as exc:  # noqa: BLE001 - any other failure means "not ready yet"
-                why = f"metadata probe failed ({type(exc).__name__}: {exc})"
-                time.sleep(0.1)
-        return f"not ready after {self.START_TIMEOUT_S:.0f} s, {why}"
-
-    def _owns_data_dir(self) -> bool:
-        """Whether noida-db's control file names a process of our group.
-
-        It is written once the ports are bound. Without this check a broker that
-        exits with "port already in use" would look ready, because the probe reaches
-        whoever holds the port.
-        """
-        assert self._proc is not None
-        try:
-            with (self.data_dir / "noida.control.json").open() as fh:
-                pid = int(json.load(fh)["pid"])
-            return os.getpgid(pid) == self._proc.pid
-        except (OSError, ValueError, KeyError, TypeError):
-            return False
-
-    def _probe(self) -> None:
-        from kafka import KafkaAdminClient
-
-        kafka_log = logging.getLogger("kafka")
-        level = kafka_log.level
-        kafka_log.setLevel(logging.CRITICAL)  # a refused probe is expected while starting
-        try:
-            admin = KafkaAdminClient(
-                bootstrap_servers=self.bootstrap_servers,
-                client_id="cdc-local-broker-probe",
-                request_timeout_ms=5000,
-            )
-            try:
-                admin.list_topics()
-            finally:
-                admin.close()
-        finally:
-            kafka_log.setLevel(level)
-
-    def _kill_group(self, sig: signal.Signals) -> None:
-        if self._proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._proc.pid, sig)
-        if sig == signal.SIGKILL:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        """SIGTERM the process group (noida-db saves its data), SIGKILL after 20 s; idempotent."""
-        _LIVE.pop(self, None)
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            self._kill_group(signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self._kill_group(signal.SIGKILL)
-        # Anything else left in the group (the console-script wrapper's child) goes too.
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(proc.pid, 0)
-            except (ProcessLookupError, PermissionError):
-                break
-            time.sleep(0.05)
-        else:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        self._proc = None
-
-    def restart(self) -> None:
-        """Graceful stop, then start on the same port and data dir (the data survives)."""
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> LocalBroker:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"LocalBroker({self.bootstrap_servers}, data_dir={str(self.data_dir)!r})"

@@ -1,0 +1,241 @@
+"""Apache Kafka, one combined KRaft broker/controller, from Maven Central's jars.
+
+The broker of the tests, the demo and the benchmarks: a real Kafka, so that a kill -9
+loses exactly what Kafka loses (nothing acknowledged with acks=all) and the log
+cleaner really compacts. `CDC_TEST_BOOTSTRAP_SERVERS` points the tests elsewhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import uuid
+from pathlib import Path
+
+from cdc.local import jars
+from cdc.local.process import (
+    LOCALHOST,
+    GroupProcess,
+    ServiceUnavailable,
+    free_port,
+    port_is_free,
+    register,
+    unregister,
+    wait_until,
+)
+
+_LOG4J2 = """\
+# Written by cdc.local.kafka: the broker's log on stdout, at info (Kafka logs nothing without one).
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = out
+logger.state.name = state.change.logger
+logger.state.level = warn
+"""
+
+
+def _cluster_id() -> str:
+    """A Kafka Uuid as StorageTool's random-uuid prints it (no JVM start needed)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+
+
+class LocalKafka:
+    """A single-node KRaft Kafka on free 127.0.0.1 ports, data kept under `data_dir`.
+
+    Layout: ``<data_dir>/logs`` (log.dirs), ``server.properties`` and
+    ``log4j2.properties`` (rewritten on every start), ``broker.log``. `settings`
+    add to or override the broker's properties (e.g. ``log.cleaner.backoff.ms``).
+    Ready once it logged ``Kafka Server started`` and answers a metadata request.
+    """
+
+    START_TIMEOUT_S = 180.0  # a cold JVM on a busy 2-core machine; a restart after kill -9 waits ~10 s more
+    DEFAULT_SETTINGS: dict[str, str] = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "num.partitions": "3",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "3",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "log.cleaner.enable": "true",
+        "auto.create.topics.enable": "false",  # a produce to a topic cdc did not create is a bug
+    }
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        port: int | None = None,
+        *,
+        settings: dict[str, str] | None = None,
+        heap: str = "768m",
+        stop_at_exit: bool = True,
+    ) -> None:
+        self.data_dir = Path(data_dir).absolute()
+        self._auto_port = port is None
+        self.port: int = port if port is not None else free_port()
+        self.controller_port: int = free_port()
+        self.settings = {**self.DEFAULT_SETTINGS, **(settings or {})}
+        self.heap = heap
+        self.stop_at_exit = stop_at_exit
+        self.log_path = self.data_dir / "broker.log"
+        self._proc: GroupProcess | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{LOCALHOST}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.alive()
+
+    @property
+    def pid(self) -> int | None:
+        """The broker JVM's pid (its process group's leader)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def _write_config(self) -> Path:
+        props = {
+            **self.settings,
+            "controller.quorum.voters": f"1@{LOCALHOST}:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{LOCALHOST}:{self.port},CONTROLLER://{LOCALHOST}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{LOCALHOST}:{self.port}",
+            "log.dirs": str(self.data_dir / "logs"),
+        }
+        path = self.data_dir / "server.properties"
+        path.write_text(
+            "# Written by cdc.local.kafka on every start; edits are lost.\n"
+            + "".join(f"{k}={v}\n" for k, v in props.items())
+        )
+        (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
+        return path
+
+    def _java(self, main: str, *args: str, heap: str = "256m") -> list[str]:
+        return [
+            jars.java(),
+            "-Xms128m",
+            "-Xmx" + heap,
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            "-cp",
+            str(jars.bundle_dir("kafka") / "*"),
+            main,
+            *args,
+        ]
+
+    def _format(self, config: Path) -> None:
+        """Format the log dir once (KRaft needs a cluster id and meta.properties before start)."""
+        if (self.data_dir / "logs" / "meta.properties").exists():
+            return
+        proc = GroupProcess(
+            self._java("kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(config)),
+            self.log_path,
+            cwd=self.data_dir,
+        )
+        if proc.popen.wait(timeout=180) != 0:
+            raise ServiceUnavailable(f"Kafka's StorageTool format failed: {proc.tail()}")
+
+    def start(self) -> LocalKafka:
+        """Format on first use, start the broker, return once it serves metadata."""
+        if self.running:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(4):
+            if not (port_is_free(self.port) and port_is_free(self.controller_port)):
+                if self._auto_port and attempt < 3:
+                    self.port, self.controller_port = free_port(), free_port()
+                    continue
+                raise ServiceUnavailable(
+                    f"Kafka cannot start: port {self.port} or {self.controller_port} is already in use"
+                )
+            config = self._write_config()
+            self._format(config)
+            self._proc = GroupProcess(
+                self._java("kafka.Kafka", str(config), heap=self.heap),
+                self.log_path,
+                cwd=self.data_dir,
+                env={**os.environ, "JAVA_HOME": str(jars.java_home())},
+            )
+            try:
+                wait_until(self._ready, self._proc, self.START_TIMEOUT_S, f"Kafka on port {self.port}")
+            except ServiceUnavailable as exc:
+                tail = self._proc.tail()
+                self._proc.kill9()
+                self._proc = None
+                if self._auto_port and attempt < 3 and "Address already in use" in tail:
+                    self.port, self.controller_port = free_port(), free_port()  # lost a port race
+                    continue
+                raise exc from None
+            self._auto_port = False  # from now on restarts keep these ports
+            if self.stop_at_exit:
+                register(self)
+            return self
+        raise AssertionError("unreachable")
+
+    def _ready(self) -> bool:
+        assert self._proc is not None
+        return self._proc.logged(r"Kafka Server started") and self._answers_metadata()
+
+    def _answers_metadata(self) -> bool:
+        from kafka import KafkaAdminClient
+        from kafka.errors import KafkaError
+
+        kafka_log = logging.getLogger("kafka")
+        level = kafka_log.level
+        kafka_log.setLevel(logging.CRITICAL)  # a refused probe is expected while starting
+        try:
+            admin = KafkaAdminClient(
+                bootstrap_servers=self.bootstrap_servers,
+                client_id="cdc-local-kafka-probe",
+                request_timeout_ms=5000,
+            )
+            try:
+                admin.describe_cluster()
+            finally:
+                admin.close()
+            return True
+        except KafkaError:
+            return False
+        finally:
+            kafka_log.setLevel(level)
+
+    def stop(self) -> None:
+        """Controlled shutdown (SIGTERM), SIGKILL after 60 s; idempotent."""
+        unregister(self)
+        if self._proc is not None:
+            self._proc.terminate(grace_s=60)
+            self._proc = None
+
+    def kill9(self) -> None:
+        """The crash: SIGKILL, no shutdown hook runs. `start` recovers the same log dirs."""
+        unregister(self)
+        if self._proc is not None:
+            self._proc.kill9()
+            self._proc = None
+
+    def restart(self) -> None:
+        """Graceful stop, then start on the same ports and log dirs."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> LocalKafka:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"LocalKafka({self.bootstrap_servers}, data_dir={str(self.data_dir)!r})"

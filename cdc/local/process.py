@@ -1,0 +1,209 @@
+"""What every throwaway local service shares: free ports, logs, process groups, clean-up.
+
+Each service binds 127.0.0.1 on a free port, keeps its files under a directory the
+caller chooses, runs in its own process group (so a stop or a kill -9 reaches every
+process it spawned) and is stopped at interpreter exit if the caller forgot to.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+LOCALHOST = "127.0.0.1"
+
+
+class ServiceUnavailable(RuntimeError):
+    """A local service cannot be fetched or started; the message names the fix, on one line."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago.
+
+    Another process can still take it before the server binds it, so the services
+    retry with a fresh port when they chose the port themselves.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOCALHOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            sock.bind((LOCALHOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def port_accepts(port: int) -> bool:
+    try:
+        socket.create_connection((LOCALHOST, port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def log_tail(path: Path, offset: int = 0, lines: int = 12) -> str:
+    """The last lines of a log written since `offset`, on one line (errors stay one line)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return f"(no log at {path})"
+    kept = [ln.strip() for ln in text.splitlines() if ln.strip() and "GLIBC_" not in ln]
+    return " | ".join(kept[-lines:]) or f"(log {path} is empty)"
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def log_has(path: Path, offset: int, pattern: str) -> bool:
+    """Whether the log written since `offset` has a line matching `pattern` (a regex)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return re.search(pattern, fh.read().decode("utf-8", "replace")) is not None
+    except OSError:
+        return False
+
+
+def require_command(name: str, install: str) -> str:
+    """The path of `name` on PATH, or ServiceUnavailable saying how to install it."""
+    path = shutil.which(name)
+    if path is None:
+        raise ServiceUnavailable(f"`{name}` not found: {install}")
+    return path
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+_LIVE: dict[Stoppable, int] = {}  # running service -> pid of the process that started it
+
+
+def register(service: Stoppable) -> None:
+    """Stop `service` at interpreter exit unless it was stopped before."""
+    _LIVE[service] = os.getpid()
+
+
+def unregister(service: Stoppable) -> None:
+    _LIVE.pop(service, None)
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """Never leave a server behind when a demo or a test run exits without stopping it."""
+    for service, owner in list(_LIVE.items()):
+        if owner == os.getpid():  # a forked child must not stop its parent's servers
+            with contextlib.suppress(Exception):
+                service.stop()
+
+
+class GroupProcess:
+    """A server process started in its own session, its output appended to a log file.
+
+    `terminate` sends SIGTERM to the whole group and SIGKILL after a grace period;
+    `kill9` is the crash a test inflicts. Both wait until every process of the group
+    is gone, so the ports and data directories are free again afterwards.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        log_path: Path,
+        *,
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        preexec: Callable[[], None] | None = None,
+        user: int | None = None,
+        group: int | None = None,
+    ) -> None:
+        self.log_path = log_path
+        self.log_offset = file_size(log_path)
+        with log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                user=user,
+                group=group,
+                preexec_fn=preexec,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def logged(self, pattern: str) -> bool:
+        """Whether this run of the process has logged a line matching `pattern`."""
+        return log_has(self.log_path, self.log_offset, pattern)
+
+    def tail(self) -> str:
+        return log_tail(self.log_path, self.log_offset)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
+
+    def _group_gone(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.popen.poll()  # reap the leader so killpg stops seeing a zombie
+            try:
+                os.killpg(self.popen.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+    def terminate(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the group; SIGKILL whatever is left after `grace_s`."""
+        self._signal_group(signal.SIGTERM)
+        if not self._group_gone(grace_s):
+            self.kill9()
+
+    def kill9(self) -> None:
+        self._signal_group(signal.SIGKILL)
+        self._group_gone(30)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+
+
+def wait_until(
+    ready: Callable[[], bool], proc: GroupProcess, timeout_s: float, what: str
+) -> None:
+    """Poll `ready` until it holds; ServiceUnavailable if `proc` exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if not proc.alive():
+            raise ServiceUnavailable(f"{what} exited with code {proc.popen.returncode}: {proc.tail()}")
+        if time.monotonic() > deadline:
+            raise ServiceUnavailable(f"{what} not ready after {timeout_s:.0f} s: {proc.tail()}")
+        time.sleep(0.1)
