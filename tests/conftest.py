@@ -1,9 +1,9 @@
-"""Shared fixtures: one throwaway PostgreSQL cluster and one Kafka-protocol broker per session.
+"""Shared fixtures: one throwaway PostgreSQL cluster and one Apache Kafka broker per session.
 
 Tests stay independent while sharing them: each gets its own database (slots and
 all are dropped afterwards) and its own topic prefix. Set
-``CDC_TEST_BOOTSTRAP_SERVERS`` to run against an external Kafka instead of a
-local noida-db; tests that restart a broker always get a dedicated local one.
+``CDC_TEST_BOOTSTRAP_SERVERS`` to run against an external Kafka instead of the local
+one; tests that restart or kill a broker always get a dedicated local one.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka | No
 
 @pytest.fixture(scope="session")
 def broker_servers(broker: LocalKafka | None) -> str:
-    """bootstrap.servers of the shared broker (external Kafka or the local noida-db)."""
+    """bootstrap.servers of the shared broker (external Kafka or the local one)."""
     external = os.environ.get(EXTERNAL_KAFKA_ENV)
     if external:
         return external
@@ -71,7 +71,7 @@ def broker_servers(broker: LocalKafka | None) -> str:
 
 @pytest.fixture
 def local_broker(tmp_path: Path) -> Iterator[LocalKafka]:
-    """A dedicated local broker for this test alone: restart it, stop it, break it."""
+    """A dedicated local broker for this test alone: restart it, kill it, break it."""
     dedicated = LocalKafka(tmp_path / "broker")
     dedicated.start()
     try:
