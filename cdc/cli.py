@@ -219,13 +219,14 @@ def show_config(config: Config) -> None:
               help="Where the throwaway PostgreSQL and broker keep their data (default: a new temp dir).")
 @click.option("--keep", is_flag=True, help="Keep the services and the daemon running until Ctrl-C.")
 def demo(workdir: Path | None, keep: bool) -> None:
-    """Start a local PostgreSQL (logical WAL) and broker, run the daemon, write rows, show the events."""
+    """Start a local PostgreSQL (logical WAL) and Apache Kafka, run the daemon, write rows, show the events."""
     _setup_logging("WARNING")
     from cdc.demo import run_demo
+    from cdc.local.process import ServiceUnavailable
 
     try:
         run_demo(workdir, keep)
-    except RuntimeError as exc:  # a local service could not start: its message names the fix
+    except ServiceUnavailable as exc:  # a local service could not start: its message names the fix
         _fail(str(exc))
 
 

@@ -1,8 +1,8 @@
 """`cdc demo`: the pipeline on embedded defaults, end to end, on a fresh machine.
 
-Starts a throwaway PostgreSQL with logical WAL and a local Kafka-protocol broker, runs
-`cdc run` against them, writes rows (inserts, updates, a delete, a key change, a
-truncate) and prints the events as they land in the compacted topics.
+Starts a throwaway PostgreSQL with logical WAL and a local Apache Kafka (KRaft, its jars
+fetched once from Maven Central), runs `cdc run` against them, writes rows (inserts, an
+update, a delete, a key change) and prints the events as they land in the compacted topics.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 def run_demo(workdir: Path | None, keep: bool) -> None:
     base = Path(workdir or tempfile.mkdtemp(prefix="cdc-demo-"))
     base.mkdir(parents=True, exist_ok=True)
-    _step(f"starting PostgreSQL (wal_level=logical) and a Kafka-protocol broker under {base}")
+    _step(f"starting PostgreSQL (wal_level=logical) and Apache Kafka (KRaft) under {base}")
     pg = LocalPostgres(base / "postgres").start()
     broker = LocalKafka(base / "broker").start()
     daemon: subprocess.Popen | None = None
