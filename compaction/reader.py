@@ -39,8 +39,6 @@ def read_topic(
         enable_auto_commit=False,
         max_partition_fetch_bytes=max(1048576, config.max_message_bytes * 2),
         fetch_max_bytes=max(52428800, config.max_message_bytes * 2),
-        # some brokers (noida-db) answer a fetch with everything up to the end, ignoring the limits above
-        receive_message_max_bytes=2**31 - 1,
         **security_settings(config),
     )
     try:
