@@ -20,7 +20,9 @@ import psycopg
 import pytest
 
 from cdc.local.kafka import LocalKafka
+from cdc.local.opensearch import LocalOpenSearch
 from cdc.local.postgres import LocalPostgres
+from cdc.local.redis import LocalRedis
 
 EXTERNAL_KAFKA_ENV = "CDC_TEST_BOOTSTRAP_SERVERS"
 
@@ -78,6 +80,27 @@ def local_broker(tmp_path: Path) -> Iterator[LocalKafka]:
         yield dedicated
     finally:
         dedicated.stop()
+
+
+@pytest.fixture(scope="session")
+def opensearch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalOpenSearch]:
+    """The session's OpenSearch node, started by the first test that asks for it."""
+    node = LocalOpenSearch(tmp_path_factory.mktemp("opensearch"))
+    try:
+        yield node.start()
+    finally:
+        node.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
+    """The session's Redis, started by the first test that asks for it."""
+    server = LocalRedis(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @dataclass

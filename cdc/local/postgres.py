@@ -13,7 +13,6 @@ import pwd
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,9 @@ from cdc.local.process import (
     file_size,
     free_port,
     log_tail,
+    reachable_dir,
     register,
+    run_as,
     unregister,
 )
 
@@ -157,68 +158,15 @@ class LocalPostgres:
             ) from None
 
     def _run_kwargs(self) -> dict[str, Any]:
-        user = self._server_user()
-        kwargs: dict[str, Any] = {"stdin": subprocess.DEVNULL}
-        if user is not None:
-            kwargs.update(
-                user=user.pw_uid,
-                group=user.pw_gid,
-                extra_groups=os.getgrouplist(user.pw_name, user.pw_gid),
-                env={
-                    **os.environ,
-                    "HOME": user.pw_dir,
-                    "USER": user.pw_name,
-                    "LOGNAME": user.pw_name,
-                },
-            )
-        return kwargs
-
-    def _server_user_can_write(self, path: Path) -> bool:
-        """Whether the server user can reach and write `path` (all its parents must be searchable)."""
-        result = subprocess.run(
-            ["test", "-d", str(path), "-a", "-w", str(path), "-a", "-x", str(path)],
-            cwd="/",
-            check=False,
-            timeout=30,
-            **self._run_kwargs(),
-        )
-        return result.returncode == 0
+        return {"stdin": subprocess.DEVNULL, **run_as(self._server_user())}
 
     def _resolve_cluster_dir(self) -> Path:
-        if self._cluster_dir is not None:
-            return self._cluster_dir
-        link = self.base_dir / "data"
-        if link.is_symlink():  # a relocated cluster made by an earlier LocalPostgres
-            target = Path(os.readlink(link))
-            if target.is_dir():
-                self._cluster_dir, self._relocated = target.parent, True
-                return self._cluster_dir
-            link.unlink()
-        self.base_dir.mkdir(parents=True, exist_ok=True)
-        user = self._server_user()
-        if user is None:
-            self._cluster_dir = self.base_dir
-            return self._cluster_dir
-        os.chown(self.base_dir, user.pw_uid, user.pw_gid)
-        if self._server_user_can_write(self.base_dir):
-            self._cluster_dir = self.base_dir
-            return self._cluster_dir
-        for root in dict.fromkeys([tempfile.gettempdir(), "/tmp", "/var/tmp"]):
-            if not os.path.isdir(root):
-                continue
-            cand = Path(tempfile.mkdtemp(prefix="cdc-localpg-", dir=root))
-            os.chown(cand, user.pw_uid, user.pw_gid)
-            if self._server_user_can_write(cand):
-                (cand / "data").mkdir(mode=0o700)
-                os.chown(cand / "data", user.pw_uid, user.pw_gid)
-                link.symlink_to(cand / "data")
-                self._cluster_dir, self._relocated = cand, True
-                return cand
-            cand.rmdir()
-        raise ServiceUnavailable(
-            f"the postgres OS user cannot reach {self.base_dir} nor a temp dir: "
-            "pick a base_dir it can traverse"
-        )
+        if self._cluster_dir is None:
+            data, self._relocated = reachable_dir(
+                self.base_dir, "data", self._server_user(), "cdc-localpg-"
+            )
+            self._cluster_dir = data.parent
+        return self._cluster_dir
 
     # -- lifecycle ---------------------------------------------------------------------
     def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:

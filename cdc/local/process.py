@@ -10,15 +10,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import pwd
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 LOCALHOST = "127.0.0.1"
 
@@ -93,6 +95,116 @@ def require_command(name: str, install: str) -> str:
     return path
 
 
+# -- servers that refuse root ---------------------------------------------------------------
+
+
+def system_user(name: str) -> pwd.struct_passwd:
+    """The unprivileged system user `name`, created once (we are root) if absent.
+
+    Servers that refuse root (OpenSearch) run as such a user: no home, no login shell.
+    """
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(name)
+    useradd = require_command("useradd", "`apt-get install passwd`")
+    result = subprocess.run(
+        [useradd, "-r", "-M", "-s", "/usr/sbin/nologin", name],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    try:
+        return pwd.getpwnam(name)  # also when a concurrent run created it first
+    except KeyError:
+        raise ServiceUnavailable(
+            f"cannot create the system user {name} (`useradd -r -M -s /usr/sbin/nologin {name}`): "
+            f"{result.stderr.strip() or 'exit ' + str(result.returncode)}"
+        ) from None
+
+
+def run_as(user: pwd.struct_passwd | None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """subprocess keyword arguments that run a child as `user` (None: as ourselves).
+
+    The child gets `user`'s own groups only (not root's supplementary ones) and its
+    HOME/USER/LOGNAME on top of `env` (default: our environment).
+    """
+    if user is None:
+        return {} if env is None else {"env": env}
+    return {
+        "user": user.pw_uid,
+        "group": user.pw_gid,
+        "extra_groups": os.getgrouplist(user.pw_name, user.pw_gid),
+        "env": {
+            **(os.environ if env is None else env),
+            "HOME": user.pw_dir,
+            "USER": user.pw_name,
+            "LOGNAME": user.pw_name,
+        },
+    }
+
+
+def _user_passes(user: pwd.struct_passwd | None, *test_args: str) -> bool:
+    """Whether `test *test_args` holds for `user` (every parent directory must be searchable)."""
+    result = subprocess.run(
+        ["test", *test_args], stdin=subprocess.DEVNULL, cwd="/", check=False, timeout=30, **run_as(user)
+    )
+    return result.returncode == 0
+
+
+def user_can_write(user: pwd.struct_passwd | None, path: Path) -> bool:
+    return _user_passes(user, "-d", str(path), "-a", "-w", str(path), "-a", "-x", str(path))
+
+
+def user_can_run(user: pwd.struct_passwd | None, path: Path) -> bool:
+    return _user_passes(user, "-f", str(path), "-a", "-x", str(path))
+
+
+def reachable_dir(
+    base_dir: Path, name: str, user: pwd.struct_passwd | None, prefix: str
+) -> tuple[Path, bool]:
+    """``base_dir/name``: a directory (mode 0700) that `user` owns and can reach.
+
+    pytest's tmp root and /root are mode 0700, so an unprivileged server user cannot
+    reach a directory under them: its files then live in a fresh ``<prefix>*``
+    directory under the temp dir, ``base_dir/name`` is a symlink to
+    ``<that>/name``, and the caller deletes ``<that>`` when done. A later call finds
+    the symlink again (a restart from a new object). Returns (the directory, relocated).
+    """
+    link = base_dir / name
+    if link.is_symlink():
+        target = Path(os.readlink(link))
+        if target.is_dir():
+            return target, True
+        link.unlink()
+    base_dir.mkdir(parents=True, exist_ok=True)
+    if user is None:
+        link.mkdir(mode=0o700, exist_ok=True)
+        return link, False
+    os.chown(base_dir, user.pw_uid, user.pw_gid)
+    if user_can_write(user, base_dir):
+        link.mkdir(mode=0o700, exist_ok=True)
+        os.chown(link, user.pw_uid, user.pw_gid)
+        return link, False
+    for root in dict.fromkeys([tempfile.gettempdir(), "/tmp", "/var/tmp"]):
+        if not os.path.isdir(root):
+            continue
+        cand = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        os.chown(cand, user.pw_uid, user.pw_gid)
+        if user_can_write(user, cand):
+            (cand / name).mkdir(mode=0o700)
+            os.chown(cand / name, user.pw_uid, user.pw_gid)
+            link.symlink_to(cand / name)
+            return cand / name, True
+        cand.rmdir()
+    raise ServiceUnavailable(
+        f"the {user.pw_name} OS user cannot reach {base_dir} nor a temp dir: "
+        "pick a directory it can traverse"
+    )
+
+
+# -- clean-up -----------------------------------------------------------------------------
+
+
 class Stoppable(Protocol):
     def stop(self) -> None: ...
 
@@ -136,6 +248,7 @@ class GroupProcess:
         preexec: Callable[[], None] | None = None,
         user: int | None = None,
         group: int | None = None,
+        extra_groups: Sequence[int] | None = None,
     ) -> None:
         self.log_path = log_path
         self.log_offset = file_size(log_path)
@@ -150,6 +263,7 @@ class GroupProcess:
                 start_new_session=True,
                 user=user,
                 group=group,
+                extra_groups=extra_groups,
                 preexec_fn=preexec,
             )
 

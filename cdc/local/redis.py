@@ -1,0 +1,129 @@
+"""Redis from Debian's ``redis-server``: the cache of the tests and the demo.
+
+No persistence (``--save "" --appendonly no``): the cache sink rebuilds it from the
+compacted topics, so a kill -9 loses the data and the tests expect exactly that.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from cdc.local.process import (
+    LOCALHOST,
+    GroupProcess,
+    ServiceUnavailable,
+    free_port,
+    port_is_free,
+    register,
+    require_command,
+    unregister,
+    wait_until,
+)
+
+
+class LocalRedis:
+    """A redis-server on a free 127.0.0.1 port, its working dir and ``redis.log`` in `data_dir`.
+
+    Ready once it answers PING.
+    """
+
+    START_TIMEOUT_S = 30.0
+
+    def __init__(
+        self, data_dir: str | Path, port: int | None = None, *, stop_at_exit: bool = True
+    ) -> None:
+        self.data_dir = Path(data_dir).absolute()
+        self._auto_port = port is None
+        self.port: int = port if port is not None else free_port()
+        self.stop_at_exit = stop_at_exit
+        self.log_path = self.data_dir / "redis.log"
+        self._proc: GroupProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{LOCALHOST}:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _argv(self, server: str) -> list[str]:
+        return [
+            server,
+            "--port", str(self.port),
+            "--bind", LOCALHOST,
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.data_dir),
+        ]  # fmt: skip
+
+    def start(self) -> LocalRedis:
+        """Start the server; return once it answers PING."""
+        if self.running:
+            return self
+        server = require_command("redis-server", "`apt-get install redis-server`")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(4):
+            if not port_is_free(self.port):
+                if self._auto_port and attempt < 3:
+                    self.port = free_port()
+                    continue
+                raise ServiceUnavailable(f"Redis cannot start: port {self.port} is already in use")
+            self._proc = GroupProcess(self._argv(server), self.log_path, cwd=self.data_dir)
+            try:
+                wait_until(self._pong, self._proc, self.START_TIMEOUT_S, f"Redis on port {self.port}")
+            except ServiceUnavailable as exc:
+                tail = self._proc.tail()
+                self._proc.kill9()
+                self._proc = None
+                if self._auto_port and attempt < 3 and "Address already in use" in tail:
+                    self.port = free_port()  # lost a port race
+                    continue
+                raise exc from None
+            self._auto_port = False  # from now on restarts keep this port
+            if self.stop_at_exit:
+                register(self)
+            return self
+        raise AssertionError("unreachable")
+
+    def _pong(self) -> bool:
+        """PING in the inline protocol: no client library needed to know it serves."""
+        try:
+            with socket.create_connection((LOCALHOST, self.port), timeout=2) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM (redis exits at once without persistence), SIGKILL after 30 s; idempotent."""
+        unregister(self)
+        if self._proc is not None:
+            self._proc.terminate(grace_s=30)
+            self._proc = None
+
+    def kill9(self) -> None:
+        """The crash: SIGKILL. With no persistence `start` comes back empty."""
+        unregister(self)
+        if self._proc is not None:
+            self._proc.kill9()
+            self._proc = None
+
+    def restart(self) -> None:
+        """Stop, then start on the same port."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> LocalRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"LocalRedis({self.url}, data_dir={str(self.data_dir)!r})"
