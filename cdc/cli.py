@@ -15,14 +15,14 @@ import orjson
 
 from cdc import __version__
 from cdc.accel import native
-from cdc.config import Config, ConfigError, as_dict, load
-from cdc.redact import redact_dsn
+from cdc.config import Config, ConfigError, as_dict, load, secrets_of, settings_markdown
+from cdc.redact import install, redact
 
 CONFIG_HELP = "TOML config file; every key can be overridden by CDC_<SECTION>_<KEY> environment variables."
 
 
 def _fail(message: str) -> None:
-    click.echo(f"error: {redact_dsn(message)}", err=True)
+    click.echo(f"error: {redact(message)}", err=True)
     sys.exit(1)
 
 
@@ -38,15 +38,20 @@ def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
 
         try:
             config = load(config_path)
-            _setup_logging(config.daemon.log_level)
+            _setup_logging(config.daemon.log_level, secrets_of(config))
             return func(config, **kwargs)
-        except (ConfigError, PreflightError, TopicError, LookupError, TimeoutError) as exc:
+        except (ConfigError, PreflightError, TopicError, TimeoutError) as exc:
+            _fail(str(exc))
+        except LookupError as exc:
+            if type(exc) is not LookupError:  # a KeyError or IndexError is a bug: its traceback, redacted
+                raise
             _fail(str(exc))
 
     return wrapper
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, secrets: list[str]) -> None:
+    """Log to stderr, every line without the configuration's secrets (whichever library logs)."""
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -54,6 +59,7 @@ def _setup_logging(level: str) -> None:
     )
     for noisy in ("kafka", "confluent_kafka"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    install(secrets)
 
 
 class _Group(click.Group):
@@ -149,7 +155,7 @@ def status(config: Config, as_json: bool) -> None:
     from cdc.status import collect, render
 
     result = collect(config)
-    click.echo(json.dumps(result, indent=2) if as_json else render(result))
+    click.echo(redact(json.dumps(result, indent=2) if as_json else render(result)))
 
 
 @main.command()
@@ -208,10 +214,11 @@ def _print_records(records: Iterable[Any], topic: str, raw: bool) -> None:
 
 
 @main.command("config")
+@click.option("--settings", "table", is_flag=True, help="Print the table of every setting (the README's) instead.")
 @_with_config
-def show_config(config: Config) -> None:
+def show_config(config: Config, table: bool) -> None:
     """Print the effective configuration (file + environment), secrets masked."""
-    click.echo(json.dumps(as_dict(config), indent=2))
+    click.echo(settings_markdown() if table else redact(json.dumps(as_dict(config), indent=2, ensure_ascii=False)))
 
 
 @main.command()
@@ -220,7 +227,7 @@ def show_config(config: Config) -> None:
 @click.option("--keep", is_flag=True, help="Keep the services and the daemon running until Ctrl-C.")
 def demo(workdir: Path | None, keep: bool) -> None:
     """Start a local PostgreSQL (logical WAL) and broker, run the daemon, write rows, show the events."""
-    _setup_logging("WARNING")
+    _setup_logging("WARNING", [])
     from cdc.demo import run_demo
 
     try:
