@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-import logging
 import sys
 from collections.abc import Callable, Iterable
 from functools import wraps
@@ -16,7 +16,7 @@ import orjson
 from cdc import __version__
 from cdc.accel import native
 from cdc.config import Config, ConfigError, as_dict, load, secrets_of, settings_markdown
-from cdc.redact import install, redact
+from cdc.redact import redact, setup_logging
 
 CONFIG_HELP = "TOML config file; every key can be overridden by CDC_<SECTION>_<KEY> environment variables."
 
@@ -38,7 +38,7 @@ def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
 
         try:
             config = load(config_path)
-            _setup_logging(config.daemon.log_level, secrets_of(config))
+            setup_logging(config.daemon.log_level, secrets_of(config))
             return func(config, **kwargs)
         except (ConfigError, PreflightError, TopicError, TimeoutError) as exc:
             _fail(str(exc))
@@ -48,18 +48,6 @@ def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
             _fail(str(exc))
 
     return wrapper
-
-
-def _setup_logging(level: str, secrets: list[str]) -> None:
-    """Log to stderr, every line without the configuration's secrets (whichever library logs)."""
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("kafka", "confluent_kafka"):
-        logging.getLogger(noisy).setLevel(logging.CRITICAL)
-    install(secrets)
 
 
 class _Group(click.Group):
@@ -169,7 +157,7 @@ def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) ->
     from kafka.errors import KafkaError
 
     from cdc.naming import parse_table_pattern, topic_name
-    from cdc.topics import TopicError
+    from cdc.topics import ClientErrors, TopicError, connect_failure
     from compaction.reader import read_topic
 
     try:
@@ -182,8 +170,12 @@ def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) ->
         topic = topic_name(config.topic.prefix, pattern.schema, pattern.table)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    seen = ClientErrors()
     try:
-        _print_records(read_topic(config.topic, topic, follow=follow, from_end=from_end), topic, raw)
+        with seen:
+            records = read_topic(config.topic, topic, follow=follow, from_end=from_end)
+            first = next(records, None)
+        _print_records(itertools.chain([first] if first is not None else [], records), topic, raw)
     except KeyboardInterrupt:  # the way to stop --follow
         return
     except LookupError as exc:
@@ -194,6 +186,9 @@ def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) ->
             "(cdc run creates the topics of the tables in [source] tables)"
         ) from None
     except KafkaError as exc:
+        failure = connect_failure(config.topic, type(exc).__name__, seen.texts)
+        if not failure.startswith("cannot reach"):  # the broker answered: say what failed
+            raise TopicError(failure) from None
         raise TopicError(
             f"cannot read topic {topic} from the Kafka broker at {config.topic.bootstrap_servers} "
             f"({type(exc).__name__}): start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS"
@@ -227,7 +222,7 @@ def show_config(config: Config, table: bool) -> None:
 @click.option("--keep", is_flag=True, help="Keep the services and the daemon running until Ctrl-C.")
 def demo(workdir: Path | None, keep: bool) -> None:
     """Start a local PostgreSQL (logical WAL) and broker, run the daemon, write rows, show the events."""
-    _setup_logging("WARNING", [])
+    setup_logging("WARNING", [])
     from cdc.demo import run_demo
 
     try:

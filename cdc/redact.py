@@ -126,6 +126,19 @@ def install(secrets: Iterable[str]) -> None:
     threading.excepthook = _thread_excepthook
 
 
+def setup_logging(level: str, secrets: list[str]) -> None:
+    """Log to stderr, every line without the configuration's secrets (whichever library logs);
+    the Kafka clients' own chatter is silenced (cdc reports their failures itself)."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("kafka", "confluent_kafka"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    install(secrets)
+
+
 def _excepthook(kind: type[BaseException], value: BaseException, tb: object) -> None:
     sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))))  # type: ignore[arg-type]
 
