@@ -34,8 +34,13 @@ class NoKey(Exception):
 class ChangeRenderer:
     """Keeps the relation cache (one TableEvents per relation version) and renders changes."""
 
-    def __init__(self, catalog: Catalog, prefix: str, database: str, patterns: list[str], with_schemas: bool) -> None:
+    def __init__(
+        self, catalog: Catalog, prefix: str, database: str, patterns: list[str], with_schemas: bool,
+        skip_truncates: bool = False,
+    ) -> None:
         self.catalog = catalog
+        #: `[events] skipped_operations = "t"`: Debezium consumers that fail on op `t` get none
+        self.skip_truncates = skip_truncates
         self.prefix = prefix
         self.database = database
         self.patterns: list[TablePattern] = [parse_table_pattern(p) for p in patterns]
@@ -139,6 +144,9 @@ class ChangeRenderer:
         for oid in msg.relation_oids:
             table = self.table(oid)
             if table is None:
+                continue
+            if self.skip_truncates:
+                log.info("truncate of %s not sent ([events] skipped_operations = \"t\")", table.name)
                 continue
             source = table.source(txn.commit_ts_us, "false", txn.commit_lsn, change_lsn, txn.xid)
             out.append(Record(table.topic, TRUNCATE_KEY, table.envelope("t", None, None, source), table.name))

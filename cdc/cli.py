@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-import logging
 import sys
 from collections.abc import Callable, Iterable
 from functools import wraps
@@ -15,14 +15,14 @@ import orjson
 
 from cdc import __version__
 from cdc.accel import native
-from cdc.config import Config, ConfigError, as_dict, load
-from cdc.redact import redact_dsn
+from cdc.config import Config, ConfigError, as_dict, load, secrets_of, settings_markdown
+from cdc.redact import redact, setup_logging
 
 CONFIG_HELP = "TOML config file; every key can be overridden by CDC_<SECTION>_<KEY> environment variables."
 
 
 def _fail(message: str) -> None:
-    click.echo(f"error: {redact_dsn(message)}", err=True)
+    click.echo(f"error: {redact(message)}", err=True)
     sys.exit(1)
 
 
@@ -38,22 +38,16 @@ def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
 
         try:
             config = load(config_path)
-            _setup_logging(config.daemon.log_level)
+            setup_logging(config.daemon.log_level, secrets_of(config))
             return func(config, **kwargs)
-        except (ConfigError, PreflightError, TopicError, LookupError, TimeoutError) as exc:
+        except (ConfigError, PreflightError, TopicError, TimeoutError) as exc:
+            _fail(str(exc))
+        except LookupError as exc:
+            if type(exc) is not LookupError:  # a KeyError or IndexError is a bug: its traceback, redacted
+                raise
             _fail(str(exc))
 
     return wrapper
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("kafka", "confluent_kafka"):
-        logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
 
 class _Group(click.Group):
@@ -149,7 +143,7 @@ def status(config: Config, as_json: bool) -> None:
     from cdc.status import collect, render
 
     result = collect(config)
-    click.echo(json.dumps(result, indent=2) if as_json else render(result))
+    click.echo(redact(json.dumps(result, indent=2) if as_json else render(result)))
 
 
 @main.command()
@@ -163,7 +157,7 @@ def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) ->
     from kafka.errors import KafkaError
 
     from cdc.naming import parse_table_pattern, topic_name
-    from cdc.topics import TopicError
+    from cdc.topics import ClientErrors, TopicError, connect_failure
     from compaction.reader import read_topic
 
     try:
@@ -176,8 +170,12 @@ def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) ->
         topic = topic_name(config.topic.prefix, pattern.schema, pattern.table)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    seen = ClientErrors()
     try:
-        _print_records(read_topic(config.topic, topic, follow=follow, from_end=from_end), topic, raw)
+        with seen:
+            records = read_topic(config.topic, topic, follow=follow, from_end=from_end)
+            first = next(records, None)
+        _print_records(itertools.chain([first] if first is not None else [], records), topic, raw)
     except KeyboardInterrupt:  # the way to stop --follow
         return
     except LookupError as exc:
@@ -188,6 +186,9 @@ def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) ->
             "(cdc run creates the topics of the tables in [source] tables)"
         ) from None
     except KafkaError as exc:
+        failure = connect_failure(config.topic, type(exc).__name__, seen.texts)
+        if not failure.startswith("cannot reach"):  # the broker answered: say what failed
+            raise TopicError(failure) from None
         raise TopicError(
             f"cannot read topic {topic} from the Kafka broker at {config.topic.bootstrap_servers} "
             f"({type(exc).__name__}): start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS"
@@ -208,10 +209,11 @@ def _print_records(records: Iterable[Any], topic: str, raw: bool) -> None:
 
 
 @main.command("config")
+@click.option("--settings", "table", is_flag=True, help="Print the table of every setting (the README's) instead.")
 @_with_config
-def show_config(config: Config) -> None:
+def show_config(config: Config, table: bool) -> None:
     """Print the effective configuration (file + environment), secrets masked."""
-    click.echo(json.dumps(as_dict(config), indent=2))
+    click.echo(settings_markdown() if table else redact(json.dumps(as_dict(config), indent=2, ensure_ascii=False)))
 
 
 @main.command()
@@ -220,7 +222,7 @@ def show_config(config: Config) -> None:
 @click.option("--keep", is_flag=True, help="Keep the services and the daemon running until Ctrl-C.")
 def demo(workdir: Path | None, keep: bool) -> None:
     """Start a local PostgreSQL (logical WAL) and Apache Kafka, run the daemon, write rows, show the events."""
-    _setup_logging("WARNING")
+    setup_logging("WARNING", [])
     from cdc.demo import run_demo
     from cdc.local.process import ServiceUnavailable
 

@@ -38,6 +38,7 @@ from cdc.preflight import (
     try_claim_slot,
 )
 from cdc.producer import RECORD_OVERHEAD, Producer, ProducerError, RecordTooLarge, make_producer
+from cdc.redact import redact
 from cdc.replication import (
     ReplicationConnection,
     ReplicationLost,
@@ -119,6 +120,15 @@ class Daemon:
         `only_tables` limits the snapshot (not the capture), `stop_when_done` exits after it."""
         cfg = self.config
         self._install_signals()
+        if cfg.daemon.metrics_port:  # before anything is created: a port in use is a start-up mistake
+            try:
+                self.metrics.serve(cfg.daemon.metrics_host, cfg.daemon.metrics_port)
+            except OSError as exc:
+                raise PreflightError(
+                    f"cannot serve metrics on {cfg.daemon.metrics_host}:{cfg.daemon.metrics_port} "
+                    f"({exc.strerror or exc}): set [daemon] metrics_port to a free port (0 turns metrics off) "
+                    "or fix metrics_host"
+                ) from None
         self.catalog = connect_catalog(cfg)
         check_server(self.catalog)
         claim_slot(self.catalog, cfg)
@@ -156,7 +166,8 @@ class Daemon:
             self.confirmed = slot.confirmed_flush_lsn or 0
         ensure_publication(self.catalog, cfg, self.tables)
         self.renderer = ChangeRenderer(
-            self.catalog, cfg.topic.prefix, self.catalog.database(), cfg.source.tables, cfg.events.schemas
+            self.catalog, cfg.topic.prefix, self.catalog.database(), cfg.source.tables, cfg.events.schemas,
+            skip_truncates=cfg.events.skipped_operations == "t",
         )
         self.spill = SpillStore(Path(cfg.daemon.spill_dir) / cfg.source.slot)
         if self.plan.create_slot:
@@ -194,6 +205,12 @@ class Daemon:
         """A re-snapshot after a lost slot: rows deleted while the slot was gone would survive in
         the compacted topic, so a truncate event below the new snapshot's position cuts off
         everything older (every earlier commit is below the current WAL position)."""
+        if self.config.events.skipped_operations == "t":
+            log.warning(
+                "re-snapshot: truncate events are skipped ([events] skipped_operations = \"t\"), so rows deleted while "
+                "the slot was gone stay in the topics"
+            )
+            return
         row = self.catalog.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         position = parse_lsn(row[0]) - 1  # type: ignore[index]
         for table in self.tables:
@@ -244,8 +261,6 @@ class Daemon:
         """Run until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1)."""
         self._install_signals()
         cfg = self.config
-        if cfg.daemon.metrics_port:
-            self.metrics.serve(cfg.daemon.metrics_host, cfg.daemon.metrics_port)
         repl_backoff = _Backoff("PostgreSQL replication connection")
         broker_backoff = _Backoff("Kafka broker")
         try:
@@ -323,7 +338,7 @@ class Daemon:
         except _FATAL as exc:
             log.error("%s", exc)
             self._finish(10)
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+            print(f"error: {redact(str(exc))}", file=sys.stderr, flush=True)
             return 1
 
     def _stream(self) -> None:

@@ -47,6 +47,12 @@ class SlotState:
 def connect_catalog(config: Config) -> Catalog:
     try:
         params = conninfo_to_dict(config.source.dsn)
+    except psycopg.Error as exc:  # libpq quotes the malformed part, which may be the password: cli masks it
+        raise PreflightError(
+            f"cannot connect to PostgreSQL ({str(exc).strip() or type(exc).__name__}): check [source] dsn / "
+            "CDC_SOURCE_DSN, now a DSN libpq cannot parse (not shown: it may hold the password)"
+        ) from None
+    try:
         # libpq waits for an unanswered connect without limit: a firewalled host must fail, not hang
         params.setdefault("connect_timeout", str(CONNECT_TIMEOUT_S))
         return Catalog(make_conninfo(**params))

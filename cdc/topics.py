@@ -30,6 +30,63 @@ def _broker_reason(exc: Exception) -> str:
     return f"{name}: {found.group(2)}" if found else name
 
 
+class ClientErrors(logging.Handler):
+    """While in use, collects what kafka-python logs about its connections (silenced otherwise):
+    the only place it says why a bootstrap failed (TLS, SASL), its exception saying only "timeout"."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.texts: list[str] = []
+        self._logger = logging.getLogger("kafka")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.texts.append(record.getMessage())
+
+    def __enter__(self) -> ClientErrors:
+        self._saved = self._logger.level, self._logger.propagate
+        self._logger.setLevel(logging.WARNING)
+        self._logger.propagate = False
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._saved[0])
+        self._logger.propagate = self._saved[1]
+
+
+# What failed, from the client's connection errors: (marks, what failed, what to fix), first match wins
+_CONNECT_FAILURES = (
+    (("SaslAuthenticationFailed", "Authentication failed", "authentication failed"),
+     "authentication failed", "check [topic] sasl_username, sasl_password and sasl_mechanism"),
+    (("UnsupportedSaslMechanism",),
+     "the broker does not offer sasl_mechanism = {sasl_mechanism}", "use a mechanism its listener enables"),
+    (("IllegalSaslState", "SaslHandshake failed"),
+     "the SASL handshake failed: this listener does not speak security_protocol = {security_protocol}",
+     "set [topic] security_protocol to what the listener speaks (PLAINTEXT or SSL?)"),
+    (("CERTIFICATE_VERIFY_FAILED", "certificate verify failed"),
+     "the TLS handshake failed: the broker's certificate is not trusted",
+     "point [topic] ssl_cafile at the CA that signed it"),
+    (("WRONG_VERSION_NUMBER", "UNEXPECTED_EOF", "Handshake failed", "SSL"),
+     "the TLS handshake failed: this listener does not speak TLS (security_protocol = {security_protocol})",
+     "set [topic] security_protocol to what the listener speaks (PLAINTEXT or SASL_PLAINTEXT?), or fix the TLS files"),
+)
+
+
+def connect_failure(config: TopicConfig, exception: str, texts: list[str]) -> str:
+    """One line saying what failed when a client cannot bootstrap: authentication, the TLS or SASL
+    handshake (a wrong protocol for the listener), or a broker that is truly unreachable."""
+    joined = " ".join(texts)
+    for marks, what, fix in _CONNECT_FAILURES:
+        if any(mark in joined for mark in marks):
+            what = what.format(sasl_mechanism=config.sasl_mechanism, security_protocol=config.security_protocol)
+            return f"cannot use the Kafka broker at {config.bootstrap_servers}: {what} ({exception}): {fix}"
+    return (
+        f"cannot reach the Kafka broker at {config.bootstrap_servers} ({exception}): "
+        "start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS"
+    )
+
+
 @dataclass(frozen=True)
 class TopicInfo:
     name: str
@@ -46,19 +103,18 @@ class TopicAdmin:
         from kafka.errors import KafkaError
 
         self.config = config
+        seen = ClientErrors()
         try:
-            self._admin = KafkaAdminClient(
-                bootstrap_servers=config.bootstrap_servers.split(","),
-                client_id="cdc-admin",
-                request_timeout_ms=int(timeout_s * 1000),
-                bootstrap_timeout_ms=int(timeout_s * 1000),
-                **security_settings(config),
-            )
+            with seen:
+                self._admin = KafkaAdminClient(
+                    bootstrap_servers=config.bootstrap_servers.split(","),
+                    client_id="cdc-admin",
+                    request_timeout_ms=int(timeout_s * 1000),
+                    bootstrap_timeout_ms=int(timeout_s * 1000),
+                    **security_settings(config),
+                )
         except KafkaError as exc:
-            raise TopicError(
-                f"cannot reach the Kafka broker at {config.bootstrap_servers} ({type(exc).__name__}): "
-                "start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS"
-            ) from None
+            raise TopicError(connect_failure(config, type(exc).__name__, seen.texts)) from None
 
     def close(self) -> None:
         self._admin.close()

@@ -28,10 +28,11 @@ import psycopg
 
 from cdc.catalog import CapturedTable, Catalog
 from cdc.changes import ChangeRenderer
-from cdc.config import Config
+from cdc.config import Config, secrets_of
 from cdc.events import TableEvents
 from cdc.naming import qualified, quote_literal, topic_name
 from cdc.producer import RECORD_OVERHEAD, Producer, RecordTooLarge, make_producer
+from cdc.redact import setup_logging
 from cdc.replication import format_lsn, pinned_conninfo
 from snapshot.copy_text import parse_line
 from snapshot.progress import Progress
@@ -75,12 +76,14 @@ class SnapshotStopped(Exception):
 _progress_queue: multiprocessing.Queue | None = None
 
 
-def _init_worker(queue: multiprocessing.Queue, parent: int) -> None:
+def _init_worker(queue: multiprocessing.Queue, parent: int, log_level: str, secrets: list[str]) -> None:
     """A reader must never outlive its coordinator: after a `kill -9` of the daemon, an
     orphan still producing snapshot rows would land them after the restarted daemon's
-    newer events (DESIGN.md: no snapshot rows from a second process while streaming)."""
+    newer events (DESIGN.md: no snapshot rows from a second process while streaming).
+    A spawned reader starts with no logging set up: it gets the daemon's level and masking."""
     global _progress_queue
     _progress_queue = queue
+    setup_logging(log_level, secrets)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides when to stop
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -188,7 +191,8 @@ class InitialSnapshot:
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
         pool = ProcessPoolExecutor(
-            cfg.snapshot.parallelism, mp_context=ctx, initializer=_init_worker, initargs=(queue, os.getpid())
+            cfg.snapshot.parallelism, mp_context=ctx, initializer=_init_worker,
+            initargs=(queue, os.getpid(), cfg.daemon.log_level, secrets_of(cfg)),
         )
         futures: dict[Future, Task] = {}
         try:

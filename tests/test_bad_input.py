@@ -864,3 +864,161 @@ def test_help(args, expected):
 )
 def test_usage_mistakes(args, expected):
     assert refused(cdc(*args, timeout=30)).startswith(expected)
+
+
+# ------------------------------------------------------------------ 12. secrets never leave the process
+
+
+# Every character that trips a DSN: '%', spaces, quotes, '@', '=', '/', '\', ':' and non-ASCII
+HARD = "S%q 'x\"@=/\\:é€-s3cr3t"
+
+
+def uri_dsn(db, password: str) -> str:
+    from urllib.parse import quote
+
+    params = psycopg.conninfo.conninfo_to_dict(db.dsn)
+    return f"postgresql://{params['user']}:{quote(password, safe='')}@{params['host']}:{params['port']}/{params['dbname']}"
+
+
+def kv_dsn(db, password: str) -> str:
+    return db.dsn + " password='" + password.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def leaks(text: str, password: str) -> list[str]:
+    """The secret, or any piece of it as it could be spelt, found in `text`."""
+    from urllib.parse import quote
+
+    spellings = {password, quote(password, safe=""), json.dumps(password)[1:-1], repr(password)[1:-1], "s3cr3t"}
+    return [s for s in spellings if s in text]
+
+
+@pytest.mark.parametrize("form, where", [("uri", "file"), ("kv", "env")])
+def test_secrets_never_appear_on_success(form, where, db, tmp_path, broker_servers, topic_prefix):
+    """A daemon at DEBUG level, then every verb, with secrets in the DSN and the SASL password."""
+    dsn = (uri_dsn if form == "uri" else kv_dsn)(db, HARD)
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO public.t VALUES (1, 'snap')")
+    env = {"CDC_TOPIC_SASL_PASSWORD": HARD}
+    if where == "env":
+        env["CDC_SOURCE_DSN"] = dsn
+    config = write_config(
+        tmp_path / "cdc.toml", dsn if where == "file" else db.dsn, broker_servers, topic_prefix, ["public.t"],
+        daemon={"log_level": "DEBUG"},
+    )
+    slot = slot_of(topic_prefix)
+    daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot, env=env)
+    try:
+        db.execute("INSERT INTO public.t VALUES (2, 'streamed')")
+        wait_caught_up(db.dsn, slot, daemon)
+        second = cdc("run", "--config", str(config), env={**env, "CDC_SOURCE_SLOT_WAIT_S": "0"}, timeout=60)
+        assert refused(second).startswith(f"slot {slot} is in use")  # a failure path while the first streams
+        outputs = {"second run": second.stdout + second.stderr}
+        for verb in (["status"], ["status", "--json"], ["tail", "public.t"], ["config"], ["snapshot", "--tables", "public.t"]):
+            result = cdc(*verb, "--config", str(config), env=env, timeout=60)
+            assert result.returncode == 0, result.stderr
+            outputs[" ".join(verb)] = result.stdout + result.stderr
+    finally:
+        assert daemon.stop() == 0
+    outputs["daemon log"] = daemon.output()
+    assert "DEBUG" in outputs["daemon log"]
+    for name, text in outputs.items():
+        assert not leaks(text, HARD), (name, leaks(text, HARD), text[-2000:])
+
+
+FAILING_DSNS = {
+    "uri, '%' not encoded": "postgresql://u:{pw}%zz@127.0.0.1:{port}/x",
+    "uri, space": "postgresql://u:{pw} x@127.0.0.1:{port}/x",
+    "uri, '/' not encoded": "postgresql://u:{pw}/x@127.0.0.1:{port}/x",
+    "kv, unquoted space": "host=127.0.0.1 port={port} password={pw} Zz{pw} dbname=x",
+    "kv, unterminated quote": "host=127.0.0.1 port={port} password='{pw} dbname=x",
+    "kv, unreachable": "host=127.0.0.1 port={free} password='{pw}' dbname=x",
+    "uri, unknown database": "postgresql://postgres:{pw}@127.0.0.1:{port}/no_such_db",
+}
+
+
+@pytest.mark.parametrize("case", list(FAILING_DSNS))
+def test_secrets_never_appear_on_failure(case, pg, tmp_path, broker_servers, topic_prefix):
+    """Each way a DSN fails, through every verb that reads it, from the file and the environment."""
+    pw = "Pw3cret-Abc"
+    dsn = FAILING_DSNS[case].format(pw=pw, port=pg.port, free=free_port())
+    file_config = write_config(tmp_path / "file.toml", dsn, broker_servers, topic_prefix, ["public.*"])
+    env_config = write_config(tmp_path / "env.toml", "host=unused", broker_servers, topic_prefix, ["public.*"])
+    runs = [
+        (verb, config, env)
+        for verb in (["run"], ["snapshot"], ["status"])
+        for config, env in ((file_config, {}), (env_config, {"CDC_SOURCE_DSN": dsn}))
+    ]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda r: cdc(*r[0], "--config", str(r[1]), env=r[2], timeout=60), runs))
+    for (verb, _, env), result in zip(runs, results, strict=True):
+        message = refused(result)
+        assert "dsn" in message.lower() or "PostgreSQL" in message, message
+        for piece in (pw, "Zz" + pw, pw[:6], pw[-6:]):
+            assert piece not in result.stdout + result.stderr, (verb, env, result.stderr)
+
+
+# ------------------------------------------------------------------ 13. start-up resources and broker protocols
+
+
+def test_metrics_port_in_use(db, config_for):
+    import socket
+
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        message = refused(run(config_for(["public.t"], daemon={"metrics_port": port, "log_level": "WARNING"})))
+    assert message == (
+        f"cannot serve metrics on 127.0.0.1:{port} (Address already in use): set [daemon] metrics_port to a free "
+        "port (0 turns metrics off) or fix metrics_host"
+    )
+    assert db.fetchall("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    "topic, expected",
+    [
+        ({"security_protocol": "SSL"}, "the TLS handshake failed: this listener does not speak TLS (security_protocol = SSL)"),
+        ({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-256", "sasl_username": "u",
+          "sasl_password": "Kafka-s3cret"},
+         "the SASL handshake failed: this listener does not speak security_protocol = SASL_PLAINTEXT"),
+    ],
+    ids=["tls-to-plaintext", "sasl-to-plaintext"],
+)
+def test_broker_protocol_mistakes_say_what_failed(topic, expected, db, config_for, broker_servers):
+    """Not "cannot reach": the broker is there and answered, in another protocol."""
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    config = config_for(["public.t"], topic=topic)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        running = pool.submit(run, config, timeout=90)
+        tailing = pool.submit(cdc, "tail", "public.t", "--config", str(config), timeout=90)
+        results = {"run": running.result(), "tail": tailing.result()}
+    for verb, result in results.items():
+        message = refused(result)
+        assert message.startswith(f"cannot use the Kafka broker at {broker_servers}: {expected} ("), (verb, message)
+        assert "Kafka-s3cret" not in result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------ 14. Debezium's truncate switch
+
+
+@pytest.mark.parametrize("skipped", ["t", "none"])
+def test_skipped_operations_truncate(skipped, db, run_daemon, broker_servers, topic_prefix):
+    """`[events] skipped_operations = "t"`: no `t` event reaches the topic; "none": the event as always."""
+    from cdc.events import TRUNCATE_KEY
+
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    daemon, slot = run_daemon(["public.t"], events={"skipped_operations": skipped})
+    db.execute("INSERT INTO public.t VALUES (1, 'a'), (2, 'b')")
+    db.execute("TRUNCATE public.t")
+    db.execute("INSERT INTO public.t VALUES (3, 'c')")
+    wait_caught_up(db.dsn, slot, daemon)
+    records = topic_records(broker_servers, topic_prefix, "public", "t")
+    ops = [v["op"] for _, v in records if v is not None]
+    if skipped == "t":
+        assert ops == ["c", "c", "c"]
+        assert TRUNCATE_KEY not in {k for k, _ in records}
+    else:
+        assert sorted(ops) == ["c", "c", "c", "t"]  # partitions interleave: per-key order is checked elsewhere
+        assert [v["op"] for k, v in records if k == TRUNCATE_KEY] == ["t"]

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from cdc.cli import main
-from cdc.config import Config, ConfigError, as_dict, load
-from cdc.redact import redact_dsn
+from cdc.config import (
+    INT32_MAX,
+    SETTINGS,
+    Config,
+    ConfigError,
+    as_dict,
+    load,
+    secrets_of,
+    settings_markdown,
+)
+from cdc.redact import Redactor, dsn_secrets, redact_dsn
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -304,3 +316,244 @@ def test_redact_dsn_is_idempotent_on_a_whole_dsn():
 
 def test_redact_dsn_keeps_query_parameters_after_the_password():
     assert redact_dsn("postgresql://h/db?password=s3cret&sslmode=require") == "postgresql://h/db?password=***&sslmode=require"
+
+
+# -------------------------------------------------------------- the settings table
+
+
+
+def test_readme_table_is_the_settings_table():
+    """The README's configuration table is generated from the settings table (`cdc config --settings`)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    begin = readme.index("<!-- settings table:")
+    table = readme[readme.index("\n", begin) + 1:readme.index("\n<!-- end of settings table -->")]
+    assert table == settings_markdown(), "regenerate it: python -m cdc config --settings"
+    result = CliRunner().invoke(main, ["config", "--settings"], env={})
+    assert result.exit_code == 0 and result.output == settings_markdown() + "\n"
+
+
+def test_every_setting_has_help_and_valid_default():
+    assert {(s.section, s.key) for s in SETTINGS} == {
+        (section, key) for section, values in as_dict(Config(), hide_secrets=False).items() for key in values
+    }
+    for s in SETTINGS:
+        assert s.help, s
+        assert s.read(s.default, False) == s.default, s  # the default passes its own checks
+
+
+def _invalid_values(s, from_env: bool) -> dict[str, object]:
+    """Values of each class a user gets wrong, spelt as the file (TOML values) or the environment writes them."""
+    out: dict[str, object] = {}
+    if s.kind is bool:
+        out["wrong type"] = "maybe" if from_env else 1
+    elif s.kind is int:
+        out["wrong type"] = "2.5" if from_env else 2.5
+        out["not a number"] = "x"
+        out["empty"] = ""
+    elif s.kind is float:
+        out["wrong type"] = "soon" if from_env else True
+        out["not finite"] = "nan" if from_env else float("nan")
+    elif s.kind is str and not from_env:
+        out["wrong type"] = 7
+    elif s.kind == list[str]:
+        out["wrong type"] = "[1]" if from_env else [1]
+        out["empty"] = "" if from_env else []
+    if s.kind is str and not s.optional:
+        out["empty"] = ""
+    if s.kind in (int, float) and s.low is not None:
+        out["below range"] = s.low - 1
+    if s.kind is int:
+        out["above range"] = (s.high if s.high is not None else INT32_MAX) + 1
+    if s.kind is float and s.high is not None:
+        out["above range"] = s.high * 2
+    for choice in s.choices:
+        if isinstance(choice, str) and choice:
+            out["typo of a choice"] = choice[:-1] + ("x" if choice[-1] != "x" else "y")
+        elif isinstance(choice, int):
+            out["not a choice"] = max(s.choices) + 1
+    if from_env:
+        out = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in out.items()}
+    return out
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+WALK = [
+    (s, from_env, case, value)
+    for s in SETTINGS
+    for from_env in (False, True)
+    for case, value in _invalid_values(s, from_env).items()
+]
+
+
+@pytest.mark.parametrize(
+    "setting, from_env, case, value", WALK,
+    ids=[f"{s.section}.{s.key}-{'env' if e else 'file'}-{c}" for s, e, c, _ in WALK],
+)
+def test_every_setting_refuses_invalid_values(tmp_path, setting, from_env, case, value):
+    """Generated from the table: exit 1, one `error:` line naming the key, no traceback."""
+    if from_env:
+        path, env = write(tmp_path, ""), {setting.env: value}
+    else:
+        path, env = write(tmp_path, f"[{setting.section}]\n{setting.key} = {_toml_value(value)}\n"), {}
+    result = CliRunner().invoke(main, ["config", "--config", str(path)], env=env)
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), result.exception
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    named = (setting.env, f"[{setting.section}] {setting.key}", f"{setting.section} {setting.key}")
+    assert any(n in lines[0] for n in named), lines[0]
+    if setting.secret is True:
+        assert str(value) not in lines[0]
+
+
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({"CDC_TOPIC_PARTITIONS": str(2**31)}, "CDC_TOPIC_PARTITIONS = 2147483648 is too large: the most is 2147483647"),
+        ({"CDC_TOPIC_BOOTSTRAP_SERVERS": "kafka:90x2"}, "CDC_TOPIC_BOOTSTRAP_SERVERS has 'kafka:90x2', which is not host:port"),
+        ({"CDC_TOPIC_BOOTSTRAP_SERVERS": "a:9092,b"}, "CDC_TOPIC_BOOTSTRAP_SERVERS has 'b', which is not host:port"),
+        ({"CDC_TOPIC_BOOTSTRAP_SERVERS": "a:0"}, "CDC_TOPIC_BOOTSTRAP_SERVERS has 'a:0', which is not host:port"),
+        ({"CDC_TOPIC_DELIVERY_TIMEOUT_MS": "0"}, "CDC_TOPIC_DELIVERY_TIMEOUT_MS must be at least 1"),
+        ({"CDC_TOPIC_DELIVERY_TIMEOUT_MS": "6"}, "[topic] delivery_timeout_ms = 6 leaves no time to send after linger_ms = 5"),
+        ({"CDC_TOPIC_SECURITY_PROTOCOL": "SASL_SSLL"},
+         'CDC_TOPIC_SECURITY_PROTOCOL must be "PLAINTEXT", "SSL", "SASL_PLAINTEXT" or "SASL_SSL", not \'SASL_SSLL\': '
+         "did you mean SASL_SSL?"),
+        ({"CDC_TOPIC_SECURITY_PROTOCOL": "SASL_SSL"}, "[topic] security_protocol = SASL_SSL needs sasl_mechanism"),
+        ({"CDC_TOPIC_SASL_MECHANISM": "SCRAM-SHA-256"}, "[topic] sasl_mechanism is set but security_protocol = PLAINTEXT"),
+        ({"CDC_TOPIC_SECURITY_PROTOCOL": "SASL_SSL", "CDC_TOPIC_SASL_MECHANISM": "SCRAM-SHA256", "CDC_TOPIC_SASL_USERNAME": "u"},
+         "CDC_TOPIC_SASL_MECHANISM must be \"PLAIN\", \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\", not 'SCRAM-SHA256': "
+         "did you mean SCRAM-SHA-256?"),
+        ({"CDC_TOPIC_SECURITY_PROTOCOL": "SSL", "CDC_TOPIC_SSL_CAFILE": "/nonexistent/ca.pem"},
+         "CDC_TOPIC_SSL_CAFILE = /nonexistent/ca.pem does not exist: point it at the PEM file, or leave it empty"),
+        ({"CDC_TOPIC_SSL_CAFILE": "/"}, "CDC_TOPIC_SSL_CAFILE = / is not a file"),
+        ({"CDC_DAEMON_SPILL_DIR": "/proc/version/x"}, "CDC_DAEMON_SPILL_DIR = /proc/version/x is not a directory"),
+        ({"CDC_SOURCE_SLOT_WAIT_S": "inf"}, "CDC_SOURCE_SLOT_WAIT_S = inf is not a finite number"),
+        ({"CDC_EVENTS_SKIPPED_OPERATIONS": "d,t"}, "CDC_EVENTS_SKIPPED_OPERATIONS = 'd,t': cdc skips only truncates"),
+        ({"CDC_EVENTS_SKIPPED_OPERATIONS": "truncate"}, "CDC_EVENTS_SKIPPED_OPERATIONS must be \"none\" or \"t\", not 'truncate'"),
+    ],
+)
+def test_values_checked_when_read(environ, expected):
+    with pytest.raises(ConfigError) as err:
+        load(None, environ=environ)
+    assert str(err.value).startswith(expected), str(err.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_spill_dir_not_writable(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(ConfigError, match=rf"^CDC_DAEMON_SPILL_DIR = {locked}/spill: {locked} is not writable"):
+        load(None, environ={"CDC_DAEMON_SPILL_DIR": str(locked / "spill")})
+
+
+def test_case_insensitive_choices_are_kept_upper_case(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    config = load(None, environ={
+        "CDC_TOPIC_SECURITY_PROTOCOL": "sasl_ssl", "CDC_TOPIC_SASL_MECHANISM": "scram-sha-512",
+        "CDC_TOPIC_SASL_USERNAME": "u", "CDC_TOPIC_SSL_CAFILE": str(ca), "CDC_DAEMON_LOG_LEVEL": "debug",
+    })
+    assert (config.topic.security_protocol, config.topic.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
+    assert config.daemon.log_level == "DEBUG"
+
+
+def test_skipped_operations():
+    assert Config().events.skipped_operations == "none"
+    assert load(None, environ={"CDC_EVENTS_SKIPPED_OPERATIONS": "t"}).events.skipped_operations == "t"
+
+
+# ------------------------------------------------------------ secrets by value
+
+HARD_PASSWORDS = [
+    "pa%ss", "pa ss word", "pa'ss\"wd", "p@ss@word", "pa=ss", "pa/ss/wd", "pa\\ss", "pa:ss", "pässwörd€",
+    "%zz q'@=/\\:é",
+]
+
+
+def _uri(password: str) -> str:
+    from urllib.parse import quote
+
+    return f"postgresql://cdc:{quote(password, safe='')}@db.internal:5432/app"
+
+
+def _kv(password: str) -> str:
+    return "host=db.internal user=cdc password='" + password.replace("\\", "\\\\").replace("'", "\\'") + "' dbname=app"
+
+
+@pytest.mark.parametrize("password", HARD_PASSWORDS)
+@pytest.mark.parametrize("form", [_uri, _kv], ids=["uri", "key-value"])
+def test_dsn_password_is_masked_by_value(password, form):
+    """However the DSN spells it, the password is found, and removed from any text that holds it."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    dsn = form(password)
+    assert conninfo_to_dict(dsn)["password"] == password
+    mask = Redactor(dsn_secrets(dsn))
+    for text in (
+        dsn, f"error: {password}!", f"({password!r})", json.dumps({"p": password}), json.dumps(password, ensure_ascii=True),
+        f'invalid "{password}"', f"u:{password}@h",
+    ):
+        assert password not in mask(text), text
+        assert "***" in mask(text)
+    assert mask("nothing secret here: db.internal, cdc, app") == "nothing secret here: db.internal, cdc, app"
+
+
+@pytest.mark.parametrize(
+    "dsn, secret",
+    [
+        ("postgresql://cdc:p%zz-secret@db/app", "p%zz-secret"),  # '%' not percent-encoded: libpq quotes it whole
+        ("postgresql://cdc:pass word@db/app", "pass word"),  # a space in a URI
+        ("host=db password=pass word1 dbname=app", "word1"),  # unquoted space: libpq quotes the second part
+        ("host=db password='unterminated dbname=app", "unterminated"),
+        ("postgresql://cdc:p/sec@db/app", "p/sec"),  # '/' unencoded: libpq reads host cdc, port "p"
+    ],
+)
+def test_dsn_that_does_not_parse_as_meant_is_never_echoed(dsn, secret):
+    """libpq's own error text quotes the malformed part: masked by value, whatever it quotes."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    mask = Redactor(dsn_secrets(dsn))
+    try:
+        message = str(psycopg.connect(dsn + " connect_timeout=1" if "://" not in dsn else dsn, connect_timeout=1))
+    except psycopg.Error as exc:
+        message = str(exc)
+    with contextlib.suppress(psycopg.Error):
+        message += str(conninfo_to_dict(dsn))
+    for piece in {secret, *secret.replace("/", " ").split()}:
+        assert not re.search(rf"(?<![^\W_]){re.escape(piece)}(?![^\W_])", mask(message)), (mask(message), piece)
+
+
+def test_secrets_of_reads_the_table():
+    config = load(None, environ={
+        "CDC_SOURCE_DSN": "host=h password=pg-secret", "CDC_TOPIC_SASL_PASSWORD": "kafka-secret",
+    })
+    assert set(secrets_of(config)) == {"pg-secret", "kafka-secret"}
+    shown = json.dumps(as_dict(config))
+    assert "pg-secret" not in shown and "kafka-secret" not in shown
+
+
+@pytest.mark.parametrize("password", HARD_PASSWORDS)
+@pytest.mark.parametrize("where", ["file", "env"])
+def test_cdc_config_never_shows_the_password(tmp_path, password, where):
+    dsn = _kv(password)
+    env = {"CDC_TOPIC_SASL_PASSWORD": password}
+    if where == "env":
+        env["CDC_SOURCE_DSN"] = dsn
+        path = write(tmp_path, "")
+    else:
+        path = write(tmp_path, f"[source]\ndsn = {json.dumps(dsn)}\n")
+    result = CliRunner().invoke(main, ["config", "--config", str(path)], env=env)
+    assert result.exit_code == 0, result.output
+    assert password not in result.output and json.dumps(password)[1:-1] not in result.output
