@@ -35,16 +35,28 @@ class ClientErrors(logging.Handler):
     the only place it says why a bootstrap failed (TLS, SASL), its exception saying only "timeout"."""
 
     def __init__(self) -> None:
-        super().__init__(logging.WARNING)
+        super().__init__(logging.DEBUG)
         self.texts: list[str] = []
+        self._authenticating = False
         self._logger = logging.getLogger("kafka")
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.texts.append(record.getMessage())
+        text = record.getMessage()
+        if record.levelno >= logging.WARNING or "error_message='" in text:
+            self.texts.append(text)
+        # A broker that refuses SASL credentials answers "Authentication failed" and closes the
+        # connection; kafka-python often sees the close first and warns of a disconnect only.
+        if "SaslAuthenticateRequest" in text:
+            self._authenticating = True
+        elif "SaslAuthenticateResponse" in text and "error_code=0," in text:
+            self._authenticating = False
+        elif self._authenticating and "socket disconnected" in text:
+            self._authenticating = False
+            self.texts.append("Authentication failed: the broker closed the connection on the credentials")
 
     def __enter__(self) -> ClientErrors:
         self._saved = self._logger.level, self._logger.propagate
-        self._logger.setLevel(logging.WARNING)
+        self._logger.setLevel(logging.DEBUG)
         self._logger.propagate = False
         self._logger.addHandler(self)
         return self

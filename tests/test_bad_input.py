@@ -20,10 +20,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from cdc.config import TopicConfig
+from cdc.local.kafka import LocalKafka
 from cdc.local.postgres import LocalPostgres
 from cdc.local.process import free_port
 from cdc.naming import topic_name
 from cdc.replication import ReplicationConnection
+from compaction.reader import read_topic
+from compaction.table import payload_of
 from tests.support import (
     cdc,
     confirmed_lsn,
@@ -1022,3 +1026,33 @@ def test_skipped_operations_truncate(skipped, db, run_daemon, broker_servers, to
     else:
         assert sorted(ops) == ["c", "c", "c", "t"]  # partitions interleave: per-key order is checked elsewhere
         assert [v["op"] for k, v in records if k == TRUNCATE_KEY] == ["t"]
+
+
+def test_sasl_plain_streams_and_a_wrong_password_says_authentication_failed(db, tmp_path):
+    """A broker with a SASL/PLAIN listener: the right account streams through it; a wrong
+    password is one line saying authentication failed, and the password is never shown."""
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    password = "Kafka-s3cret é"
+    with LocalKafka(tmp_path / "kafka", sasl_users={"alice": password}) as kafka:
+        sasl = {"bootstrap_servers": kafka.sasl_bootstrap_servers, "security_protocol": "SASL_PLAINTEXT",
+                "sasl_mechanism": "PLAIN", "sasl_username": "alice"}
+        wrong = write_config(tmp_path / "wrong.toml", db.dsn, "", "tw", ["public.t"],
+                             topic={**sasl, "sasl_password": "not-" + password})
+        result = run(wrong, timeout=90)
+        message = refused(result)
+        assert message.startswith(
+            f"cannot use the Kafka broker at {kafka.sasl_bootstrap_servers}: authentication failed ("
+        ), message
+        assert message.endswith("check [topic] sasl_username, sasl_password and sasl_mechanism"), message
+        assert password not in result.stdout + result.stderr
+
+        right = write_config(tmp_path / "right.toml", db.dsn, "", "tr", ["public.t"],
+                             topic={**sasl, "sasl_password": password})
+        daemon = start_streaming(right, tmp_path / "daemon.log", db.dsn, slot_of("tr"))
+        db.execute("INSERT INTO public.t VALUES (7)")
+        wait_caught_up(db.dsn, slot_of("tr"), daemon)
+        assert daemon.stop() == 0
+        assert password not in daemon.output()
+        config = TopicConfig(**sasl, sasl_password=password)
+        records = list(read_topic(config, topic_name("tr", "public", "t")))
+        assert [(r.key, payload_of(r.value)["after"]) for r in records] == [(b'{"id":7}', {"id": 7})]

@@ -47,6 +47,11 @@ def _cluster_id() -> str:
             return text
 
 
+def _properties_text(value: str) -> str:
+    """Java reads .properties files as ISO-8859-1: anything beyond ASCII goes as \\uXXXX."""
+    return "".join(c if ord(c) < 128 else f"\\u{ord(c):04x}" for c in value)
+
+
 class LocalKafka:
     """A single-node KRaft Kafka on free 127.0.0.1 ports, data kept under `data_dir`.
 
@@ -81,12 +86,15 @@ class LocalKafka:
         *,
         settings: dict[str, str] | None = None,
         heap: str = "768m",
+        sasl_users: dict[str, str] | None = None,
         stop_at_exit: bool = True,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
         self._auto_port = port is None
         self.port: int = port if port is not None else free_port()
         self.controller_port: int = free_port()
+        self.sasl_users = sasl_users or {}
+        self.sasl_port: int | None = free_port() if self.sasl_users else None
         self.settings = {**self.DEFAULT_SETTINGS, **(settings or {})}
         self.heap = heap
         self.stop_at_exit = stop_at_exit
@@ -98,6 +106,13 @@ class LocalKafka:
         return f"{LOCALHOST}:{self.port}"
 
     @property
+    def sasl_bootstrap_servers(self) -> str:
+        """The SASL_PLAINTEXT listener (mechanism PLAIN, the `sasl_users` accounts)."""
+        if self.sasl_port is None:
+            raise ValueError("this broker was started without sasl_users")
+        return f"{LOCALHOST}:{self.sasl_port}"
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.alive()
 
@@ -107,17 +122,29 @@ class LocalKafka:
         return self._proc.pid if self._proc is not None else None
 
     def _write_config(self) -> Path:
+        plain = f"PLAINTEXT://{LOCALHOST}:{self.port}"
         props = {
             **self.settings,
             "controller.quorum.voters": f"1@{LOCALHOST}:{self.controller_port}",
-            "listeners": f"PLAINTEXT://{LOCALHOST}:{self.port},CONTROLLER://{LOCALHOST}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{LOCALHOST}:{self.port}",
+            "listeners": f"{plain},CONTROLLER://{LOCALHOST}:{self.controller_port}",
+            "advertised.listeners": plain,
             "log.dirs": str(self.data_dir / "logs"),
         }
+        if self.sasl_port is not None:  # a second client listener that authenticates (SASL/PLAIN)
+            sasl = f"SASL_PLAINTEXT://{LOCALHOST}:{self.sasl_port}"
+            users = " ".join(f'user_{name}="{password}"' for name, password in self.sasl_users.items())
+            props.update({
+                "listeners": f"{props['listeners']},{sasl}",
+                "advertised.listeners": f"{plain},{sasl}",
+                "listener.security.protocol.map": f"{props['listener.security.protocol.map']},SASL_PLAINTEXT:SASL_PLAINTEXT",
+                "sasl.enabled.mechanisms": "PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
+            })
         path = self.data_dir / "server.properties"
         path.write_text(
             "# Written by cdc.local.kafka on every start; edits are lost.\n"
-            + "".join(f"{k}={v}\n" for k, v in props.items())
+            + "".join(f"{k}={_properties_text(v)}\n" for k, v in props.items())
         )
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
         return path
@@ -154,12 +181,12 @@ class LocalKafka:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for attempt in range(4):
-            if not (port_is_free(self.port) and port_is_free(self.controller_port)):
+            if not all(port_is_free(p) for p in self._ports()):
                 if self._auto_port and attempt < 3:
-                    self.port, self.controller_port = free_port(), free_port()
+                    self._new_ports()
                     continue
                 raise ServiceUnavailable(
-                    f"Kafka cannot start: port {self.port} or {self.controller_port} is already in use"
+                    f"Kafka cannot start: one of ports {self._ports()} is already in use"
                 )
             config = self._write_config()
             self._format(config)
@@ -176,7 +203,7 @@ class LocalKafka:
                 self._proc.kill9()
                 self._proc = None
                 if self._auto_port and attempt < 3 and "Address already in use" in tail:
-                    self.port, self.controller_port = free_port(), free_port()  # lost a port race
+                    self._new_ports()  # lost a port race
                     continue
                 raise exc from None
             self._auto_port = False  # from now on restarts keep these ports
@@ -184,6 +211,14 @@ class LocalKafka:
                 register(self)
             return self
         raise AssertionError("unreachable")
+
+    def _ports(self) -> list[int]:
+        return [p for p in (self.port, self.controller_port, self.sasl_port) if p is not None]
+
+    def _new_ports(self) -> None:
+        self.port, self.controller_port = free_port(), free_port()
+        if self.sasl_port is not None:
+            self.sasl_port = free_port()
 
     def _ready(self) -> bool:
         assert self._proc is not None
