@@ -33,6 +33,7 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
         # query.stop() during a batch otherwise kills the query thread with a
         # StackOverflowError (Spark matches a regex over a huge interruption message).
         "spark.driver.extraJavaOptions": "-Xss16m",
+        "spark.log.level": "WARN",  # also under spark-submit, whose default is INFO
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "2",  # the default 200 costs seconds per micro-batch on 2 cores
@@ -66,9 +67,7 @@ def build_session(
     builder = SparkSession.builder
     for key, value in {**session_conf(app_name, master), **(conf or {})}.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
+    return builder.getOrCreate()
 
 
 def submit_command(

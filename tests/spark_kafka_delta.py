@@ -16,11 +16,14 @@ from typing import Any
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from sinks.spark import build_session
 
 VALUE_SCHEMA = "id BIGINT, name STRING, pos BIGINT, op STRING"
-TABLE_SCHEMA = "id BIGINT, name STRING, pos BIGINT"
+TABLE_SCHEMA = StructType(
+    [StructField("id", LongType()), StructField("name", StringType()), StructField("pos", LongType())]
+)
 
 
 def kafka_options(servers: str, topic: str) -> dict[str, str]:
