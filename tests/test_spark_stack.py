@@ -75,10 +75,10 @@ def _as_lists(rows: list[Any]) -> list[list[Any]]:
     return [list(row) for row in rows]
 
 
-def _run(argv: list[str], env: dict[str, str] | None = None) -> str:
-    """Run a child to completion; its stdout, or a failure showing its output's end."""
+def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    """Run a child to completion in `cwd` (Spark drops a spark-warehouse/ there); its stdout."""
     result = subprocess.run(
-        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
     )
     assert result.returncode == 0, f"{argv[:3]} exited {result.returncode}: {result.stderr[-3000:]}"
     return result.stdout
@@ -90,10 +90,11 @@ def _child_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from sinks.spark import build_session
 
-    session = build_session("test-spark-stack")
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")  # not the worktree, Spark's default
+    session = build_session("test-spark-stack", conf={"spark.sql.warehouse.dir": str(warehouse)})
     try:
         yield session
     finally:
@@ -122,10 +123,10 @@ def test_spark_gets_only_the_jars_pyspark_lacks() -> None:
     }
 
 
-def test_sink_session_module_needs_no_capture_code() -> None:
+def test_sink_session_module_needs_no_capture_code(tmp_path: Path) -> None:
     """Executors run the driver's interpreter: psycopg and the C accelerator must stay out."""
     probe = "import sys, sinks.spark; print(sorted(m for m in sys.modules if m in ('psycopg', 'cdc._speedups')))"
-    assert _run([sys.executable, "-c", probe], _child_env()).strip() == "[]"
+    assert _run([sys.executable, "-c", probe], tmp_path, _child_env()).strip() == "[]"
 
 
 def test_submit_command_carries_the_session_settings() -> None:
@@ -159,7 +160,7 @@ def test_kafka_to_delta_merge_on_local_session(spark: Any, broker_servers: str, 
     assert apply_topic(spark, broker_servers, topic, table, checkpoint) == [1]  # resumed, not replayed
     assert _as_lists(table_rows(spark, table)) == FINAL_ROWS
 
-    outside_spark = json.loads(_run([sys.executable, "-c", _DELTA_RS_READ, table]))
+    outside_spark = json.loads(_run([sys.executable, "-c", _DELTA_RS_READ, table], tmp_path))
     assert outside_spark == {"deltalake": FINAL_ROWS, "duckdb": FINAL_ROWS}
 
 
@@ -179,6 +180,7 @@ def test_kafka_to_delta_merge_on_standalone_cluster(
             "--table", str(tmp_path / "items"),
             "--checkpoint", str(tmp_path / "ckpt"),
         ],
+        tmp_path,
         _child_env(),
     )
     result = json.loads(out.strip().splitlines()[-1])
@@ -190,9 +192,9 @@ def test_kafka_to_delta_merge_on_standalone_cluster(
 
 
 @pytest.mark.slow
-def test_spark_submit_to_standalone_cluster(spark_cluster: LocalSparkCluster) -> None:
+def test_spark_submit_to_standalone_cluster(spark_cluster: LocalSparkCluster, tmp_path: Path) -> None:
     from sinks.spark import spark_environment, submit_command
 
     argv = submit_command(ROOT / "tests" / "spark_submit_job.py", app_name="test-submit", master=spark_cluster.master_url)
-    out = _run(argv, {**_child_env(), **spark_environment()})
+    out = _run(argv, tmp_path, {**_child_env(), **spark_environment()})
     assert f"RESULT master={spark_cluster.master_url} sum=338350 executor_python={sys.executable}" in out
