@@ -17,9 +17,9 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from cdc.local import jars
+from cdc.local.process import LOCALHOST
 
 DEFAULT_MASTER = "local[2]"
-LOCALHOST = "127.0.0.1"
 
 
 def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
