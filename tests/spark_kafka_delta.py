@@ -3,8 +3,7 @@
 Imported by tests/test_spark_stack.py for the in-process `local[2]` run, and run as
 a script (a separate driver) against a standalone cluster:
 ``python -m tests.spark_kafka_delta --master spark://... --servers ... --topic ... --table ... --checkpoint ...``
-(from the repository's root)
-prints one JSON line: the batch read, the micro-batch ids and the table's rows.
+(the repository on PYTHONPATH) prints one JSON line: the batch read, the micro-batch ids and the table's rows.
 """
 
 from __future__ import annotations
