@@ -5,7 +5,8 @@ Maven Central. `mvn dependency:copy-dependencies` resolves each bundle with its
 transitive dependencies into a cache outside the clone (``$CDC_JAR_CACHE``, else
 ``~/.cache/cdc/jvm``), one folder per bundle and pinned version set, so a second
 run costs nothing and a version bump never mixes with old jars. Spark never
-resolves anything itself (no Ivy): it gets these jars as local files.
+resolves anything itself (no Ivy): it gets these jars as local files, minus the
+ones pip's pyspark already ships (`spark_jars`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import contextlib
 import fcntl
 import glob
 import hashlib
+import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -139,6 +142,35 @@ def bundle_dir(bundle: str) -> Path:
 
 def bundle_jars(bundle: str) -> list[Path]:
     return sorted(bundle_dir(bundle).glob("*.jar"))
+
+
+def spark_home() -> Path:
+    """The installed pyspark folder: a complete SPARK_HOME (bin/, jars/) without a download."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise ServiceUnavailable("pyspark is not installed: `pip install -e '.[sinks]'`")
+    return Path(spec.origin).parent
+
+
+#: ``artifact-version[-classifier].jar`` as Maven names copied jars (and pyspark's jars/ is named)
+_JAR_NAME = re.compile(r"^(?P<artifact>.+)-\d+\.[^-]*(?:-.+)?\.jar$")
+
+
+def _artifact(jar: Path) -> str:
+    match = _JAR_NAME.match(jar.name)
+    return match["artifact"] if match else jar.stem
+
+
+def spark_jars() -> list[Path]:
+    """The `spark` bundle's jars that pyspark lacks, for ``spark.jars``.
+
+    The bundle also brings older Hadoop, Jackson, Parquet, Scala, slf4j, ... that
+    pyspark's jars/ already has in the versions Spark was built with: any artifact
+    present there is dropped, whatever its version, so only the Kafka source,
+    Delta and their own dependencies travel to the driver and the executors.
+    """
+    shipped = {_artifact(jar) for jar in (spark_home() / "jars").glob("*.jar")}
+    return [jar for jar in bundle_jars("spark") if _artifact(jar) not in shipped]
 
 
 def distribution_home(name: str) -> Path:

@@ -1,0 +1,97 @@
+"""The SparkSession every sink job and test runs on, and the spark-submit command that matches it.
+
+One place decides what Spark gets: the Kafka source and Delta as local jars (never
+Ivy, see `cdc.local.jars`), Delta's SQL extension and catalog, a bigger driver
+thread stack, and quiet local defaults. This module imports nothing from the
+capture side (psycopg, the C accelerator): executors run the driver's interpreter
+and must not need them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from cdc.local import jars
+from cdc.local.process import LOCALHOST
+
+DEFAULT_MASTER = "local[2]"
+
+
+def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
+    """Spark settings of a sink session; static ones, so they must be set before it starts."""
+    return {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.jars": ",".join(str(jar) for jar in jars.spark_jars()),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # query.stop() during a batch otherwise kills the query thread with a
+        # StackOverflowError (Spark matches a regex over a huge interruption message).
+        "spark.driver.extraJavaOptions": "-Xss16m",
+        "spark.log.level": "WARN",  # also under spark-submit, whose default is INFO
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",  # the default 200 costs seconds per micro-batch on 2 cores
+    }
+
+
+def spark_environment() -> dict[str, str]:
+    """Environment of a driver: our JDK and pyspark, executors on this very interpreter.
+
+    SPARK_HOME is pyspark's folder because `jars.spark_jars` leaves out what its
+    jars/ has; another Spark would miss those. SPARK_LOCAL_IP keeps a local driver
+    on 127.0.0.1 unless the caller's environment names another address.
+    """
+    return {
+        "JAVA_HOME": str(jars.java_home()),
+        "SPARK_HOME": str(jars.spark_home()),
+        "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", LOCALHOST),
+        "PYSPARK_PYTHON": sys.executable,
+    }
+
+
+def build_session(
+    app_name: str, master: str = DEFAULT_MASTER, conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """Start this process's SparkSession (`conf` adds or overrides settings).
+
+    The driver JVM reads its settings once, at start: a process that already has a
+    session gets that one back unchanged, so build it once per process.
+    """
+    os.environ.update(spark_environment())
+    builder = SparkSession.builder
+    for key, value in {**session_conf(app_name, master), **(conf or {})}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def submit_command(
+    app: str | Path,
+    app_args: Sequence[str] = (),
+    *,
+    app_name: str,
+    master: str,
+    conf: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The spark-submit argv running `app` with the session settings of `build_session`.
+
+    Run it with ``{**os.environ, **spark_environment()}``. Submitted jobs (client
+    mode, e.g. to a ``spark://`` master) should take the session spark-submit made
+    (``SparkSession.builder.getOrCreate()``) rather than set these again.
+    """
+    settings = {**session_conf(app_name, master), **(conf or {})}
+    argv = [
+        str(jars.spark_home() / "bin" / "spark-submit"),
+        "--master",
+        settings.pop("spark.master"),
+        "--name",
+        settings.pop("spark.app.name"),
+    ]
+    for key, value in settings.items():
+        argv += ["--conf", f"{key}={value}"]
+    return [*argv, str(app), *app_args]
