@@ -4,9 +4,10 @@
                             [--skip-latency] [--profile DIR] [--keep]
 
 It starts its own throwaway PostgreSQL (fsync off, synchronous_commit off) and its own
-Kafka-protocol broker (noida-db), creates a publication and one logical slot per reader,
-and only then writes N row changes (60% INSERT / 40% UPDATE, transactions of 100-1000
-rows) into a 6-column table. Every reader below then decodes that SAME WAL:
+Apache Kafka (cdc.local.kafka: one KRaft broker/controller on this machine, shared by every
+phase, each phase writing its own topic), creates a publication and one logical slot per
+reader, and only then writes N row changes (60% INSERT / 40% UPDATE, transactions of
+100-1000 rows) into a 6-column table. Every reader below then decodes that SAME WAL:
 
 1. PostgreSQL's ceiling: pg_recvlogical (pgoutput, proto 1) to /dev/null up to --endpos,
    once before the cdc runs and once after them (own slot each); the faster pass counts.
@@ -22,15 +23,10 @@ rows) into a 6-column table. Every reader below then decodes that SAME WAL:
    first measures the same consumer against a paced confluent-kafka producer alone.
 5. --profile DIR: one more cdc run per client (own slot, same WAL) under py-spy.
 
-The broker: noida-db re-serializes its whole store to one JSON file again and again
-while data changes, so its CPU cost grows with everything it holds (measured here: ~0.7
-of a core once it holds 190k records of 556 B, vs ~0.02 when kept small). Left alone, that
-would charge the slowest runs the most and steal the cores the pipeline runs on. So each
-phase gets a fresh broker and, unless --no-trim, its topics are created
-`cleanup.policy=compact,delete` (cdc accepts a topic whose policy includes compact) and a
-thread deletes acknowledged records (DeleteRecords) every second, keeping the newest
-1,000 per partition: the broker then costs about what a real one would. Record counts
-are checked from the high watermarks.
+The broker's CPU is that of its process group (the JVM leads it) while a phase runs.
+Record counts are read from the topics' high watermarks. cdc runs from this checkout
+(its directory goes first on sys.path and on the children's PYTHONPATH), not from
+wherever pip installed the package.
 
 Every process started here runs in its own process group and is ended on exit, Ctrl-C
 and SIGTERM included.
@@ -62,11 +58,19 @@ from typing import Any
 import orjson
 import psycopg
 
-from cdc.config import TopicConfig
-from cdc.local.kafka import LocalKafka
-from cdc.local.postgres import LocalPostgres, find_pg_bin_dir
-from cdc.naming import topic_name
-from cdc.producer import RECORD_OVERHEAD
+# This checkout's cdc, here and in every child (the daemon starts in the work directory),
+# rather than the copy an editable install may point at.
+REPO = str(Path(__file__).resolve().parent.parent)
+sys.path.insert(0, REPO)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+
+from cdc.accel import native  # noqa: E402
+from cdc.config import TopicConfig  # noqa: E402
+from cdc.local.jars import BUNDLES  # noqa: E402
+from cdc.local.kafka import LocalKafka  # noqa: E402
+from cdc.local.postgres import LocalPostgres, find_pg_bin_dir  # noqa: E402
+from cdc.naming import topic_name  # noqa: E402
+from cdc.producer import RECORD_OVERHEAD  # noqa: E402
 
 TABLE = "bench"
 PUBLICATION = "bench_pub"
@@ -80,7 +84,7 @@ BATCH_SIZE = TopicConfig.batch_size
 MAX_MESSAGE_BYTES = TopicConfig.max_message_bytes
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SAMPLE_RECORDS = 3000  # cdc events kept as templates for the client-alone runs
-TRIM_KEEP = 1000  # records per partition the trimmer leaves on the broker
+KAFKA_VERSION = next(c for c in BUNDLES["kafka"] if c.startswith("org.apache.kafka:")).rsplit(":", 1)[1]
 
 PG_SETTINGS = {
     "fsync": "off",
@@ -125,16 +129,37 @@ class BenchError(RuntimeError):
 # --------------------------------------------------------------------------- /proc helpers
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state is [0], ppid [1], pgrp [2])."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def cpu_seconds(pid: int | None) -> float | None:
     """utime + stime of a process (all its threads), or None once it is gone."""
-    if pid is None:
+    fields = proc_stat(pid) if pid is not None else None
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes in a process group (a service's children, a snapshot's readers)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = proc_stat(int(name))
+            if fields is not None and fields[2] == str(pgid) and fields[0] != "Z":
+                out.append(int(name))
+    return out
+
+
+def group_cpu_seconds(pgid: int | None) -> float | None:
+    """CPU seconds of the live processes of a process group (its leader and any children)."""
+    if pgid is None:
         return None
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    used = [cpu_seconds(pid) for pid in group_members(pgid)]
+    return sum(u for u in used if u is not None) if used else None
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -180,25 +205,26 @@ def machine_cpu() -> tuple[float, float]:
 
 
 class CpuWindow:
-    """CPU used between `start` and `stop` by some processes and by the whole machine."""
+    """CPU used between `start` and `stop` by some process groups (every process started
+    here leads its own) and by the whole machine."""
 
-    def __init__(self, pids: dict[str, int | None]) -> None:
-        self.pids = pids
+    def __init__(self, groups: dict[str, int | None]) -> None:
+        self.groups = groups
         self.used: dict[str, float] = {}
         self.machine_busy_cores = 0.0
 
     def start(self) -> CpuWindow:
         self._t0 = time.monotonic()
         self._m0 = machine_cpu()
-        self._p0 = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._p0 = {name: group_cpu_seconds(pgid) for name, pgid in self.groups.items()}
         return self
 
     def stop(self) -> CpuWindow:
         elapsed = time.monotonic() - self._t0
         m1 = machine_cpu()
         self.machine_busy_cores = (m1[0] - self._m0[0]) / elapsed if elapsed > 0 else 0.0
-        for name, pid in self.pids.items():
-            now, before = cpu_seconds(pid), self._p0.get(name)
+        for name, pgid in self.groups.items():
+            now, before = group_cpu_seconds(pgid), self._p0.get(name)
             if now is not None and before is not None:
                 self.used[name] = now - before
         return self
@@ -271,24 +297,6 @@ class Processes:
         self._children.clear()
 
 
-def _broker_pid(broker: LocalKafka) -> int | None:
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return int(json.loads((broker.data_dir / "noida.control.json").read_text())["pid"])
-    return None
-
-
-def discard_broker(broker: LocalKafka) -> None:
-    """End a broker whose data nobody needs: SIGKILL (a graceful stop would first spend
-    seconds serializing every record to JSON), then delete its data directory."""
-    pid = _broker_pid(broker)
-    if pid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-    with contextlib.suppress(Exception):
-        broker.stop()
-    shutil.rmtree(broker.data_dir, ignore_errors=True)
-
-
 # --------------------------------------------------------------------------- results
 
 
@@ -355,7 +363,8 @@ class Bench:
         self.workdir = Path(tempfile.mkdtemp(prefix="cdc-bench-"))
         os.chmod(self.workdir, 0o755)  # the postgres OS user must reach the cluster below it
         self.pg: LocalPostgres | None = None
-        self.brokers: list[LocalKafka] = []
+        self.broker: LocalKafka | None = None
+        self.loads: list[float] = []  # the 1-minute load average at every log line
         self.results: dict[str, Throughput] = {}
         self.recv_rates: list[float] = []  # pg_recvlogical passes, changes/s
         self.latencies: dict[str, Latency] = {}
@@ -371,33 +380,29 @@ class Bench:
         assert self.pg is not None
         return self.pg.dsn()
 
+    @property
+    def servers(self) -> str:
+        assert self.broker is not None
+        return self.broker.bootstrap_servers
+
     def log(self, message: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+        load = os.getloadavg()[0]
+        self.loads.append(load)
+        print(f"[{time.strftime('%H:%M:%S')}] (load {load:.2f}) {message}", file=sys.stderr, flush=True)
 
     def sql(self, query: str, params: tuple | None = None) -> list[tuple]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             cur = conn.execute(query, params)
             return cur.fetchall() if cur.description else []
 
-    def new_broker(self, name: str) -> LocalKafka:
-        broker = LocalKafka(self.workdir / f"broker-{name}").start()
-        self.brokers.append(broker)
-        return broker
-
-    def drop_broker(self, broker: LocalKafka) -> None:
-        discard_broker(broker)
-        with contextlib.suppress(ValueError):
-            self.brokers.remove(broker)
-
     def close(self) -> None:
         """End everything this run started, whatever state it is in."""
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
         self.procs.close()
-        for broker in list(self.brokers):
+        if self.broker is not None:
             with contextlib.suppress(Exception):
-                discard_broker(broker)
-        self.brokers.clear()
+                self.broker.stop()
         if self.pg is not None:
             with contextlib.suppress(Exception):
                 self.pg.stop(mode="immediate")
@@ -406,16 +411,23 @@ class Bench:
         if self.args.keep or self.failed:
             print(f"logs kept in {self.workdir}", file=sys.stderr)
             shutil.rmtree(self.workdir / "pg", ignore_errors=True)
+            shutil.rmtree(self.workdir / "kafka" / "logs", ignore_errors=True)  # the topics' data
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- setup ------------------------------------------------------------------------------
-    def setup(self) -> None:
+    def start_services(self) -> None:
+        """PostgreSQL with the bench table and publication, and the broker of every phase."""
         self.log(f"work dir {self.workdir}")
         self.pg = LocalPostgres(self.workdir / "pg", settings=PG_SETTINGS).start()
         self.log(f"PostgreSQL on port {self.pg.port}")
         self.sql(CREATE_TABLE)
         self.sql(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE} WITH (publish_via_partition_root = true)")
+        self.broker = LocalKafka(self.workdir / "kafka").start()
+        self.log(f"Apache Kafka {KAFKA_VERSION} on {self.broker.bootstrap_servers}, JVM pid {self.broker.pid}")
+
+    def setup(self) -> None:
+        self.start_services()
         slots = [*RECV_SLOTS, *(f"bench_{SHORT[c]}" for c in self.clients)]
         if self.args.profile:
             slots += [f"bench_prof_{SHORT[c]}" for c in self.clients]
@@ -523,25 +535,25 @@ class Bench:
         self.log(f"pg_recvlogical: {self.args.rows / elapsed:,.0f} changes/s")
 
     # -- 3. cdc -------------------------------------------------------------------------------
-    def write_config(self, path: Path, client: str, slot: str, prefix: str, broker: LocalKafka) -> Path:
+    def write_config(self, client: str, slot: str, prefix: str, snapshot: dict[str, Any]) -> Path:
+        """`<workdir>/<prefix>.toml`: cdc's config for one run (its own slot and topic prefix)."""
         sections: dict[str, dict[str, Any]] = {
             "source": {"dsn": self.dsn, "slot": slot, "publication": PUBLICATION, "tables": [f"public.{TABLE}"]},
-            "topic": {"bootstrap_servers": broker.bootstrap_servers, "prefix": prefix,
-                      "partitions": PARTITIONS, "client": client},
-            "snapshot": {"mode": "never"},  # the slot is made before the workload: stream it, read nothing else
+            "topic": {"bootstrap_servers": self.servers, "prefix": prefix, "partitions": PARTITIONS, "client": client},
+            "snapshot": snapshot,
             "daemon": {"spill_dir": str(self.workdir / f"spill-{prefix}"), "log_level": "INFO"},
         }
         lines = []
         for name, values in sections.items():
             lines.append(f"[{name}]")
             lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]  # JSON scalars/lists are TOML
+        path = self.workdir / f"{prefix}.toml"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         return path
 
-    def start_daemon(self, client: str, slot: str, prefix: str, broker: LocalKafka) -> tuple[subprocess.Popen, Path, float]:
-        if self.args.trim:  # see the module docstring; cdc accepts it because the policy includes compact
-            create_topic(broker.bootstrap_servers, topic_name(prefix, "public", TABLE), "compact,delete")
-        config = self.write_config(self.workdir / f"{prefix}.toml", client, slot, prefix, broker)
+    def start_daemon(self, client: str, slot: str, prefix: str) -> tuple[subprocess.Popen, Path, float]:
+        # the slot is made before the workload: stream it, read nothing else
+        config = self.write_config(client, slot, prefix, {"mode": "never"})
         argv = [sys.executable, "-m", "cdc", "run", "--config", str(config)]
         self.commands.setdefault(f"cdc ({client})", shlex.join(argv))
         log_path = self.workdir / f"{prefix}.log"
@@ -577,28 +589,13 @@ class Bench:
                     raise BenchError(f"slot {slot} did not reach the end of the writes in {timeout:.0f} s; see {log_path}")
                 time.sleep(0.02)
 
-    def trimmer(self, broker: LocalKafka, topic: str, **kwargs: Any) -> Trimmer | None:
-        if not self.args.trim:
-            return None
-        trimmer = Trimmer(broker.bootstrap_servers, topic, **kwargs)
-        trimmer.start()
-        return trimmer
-
-    def finish_trimmer(self, trimmer: Trimmer | None, phase: str) -> None:
-        if trimmer is not None:
-            trimmer.finish()
-            if trimmer.error:
-                self.log(f"warning: trimming the broker during {phase} stopped: {trimmer.error}")
-
     def run_cdc(self, client: str, *, profile_dir: Path | None = None) -> None:
         short = SHORT[client]
         name = f"cdc+{client}"
         slot, prefix = (f"bench_prof_{short}", f"prof_{short}") if profile_dir else (f"bench_{short}", f"bench_{short}")
-        broker = self.new_broker(prefix)
         topic = topic_name(prefix, "public", TABLE)
         self.log(f"{name}{' under py-spy' if profile_dir else ''}: streaming {self.args.rows:,} changes")
-        proc, log_path, startup = self.start_daemon(client, slot, prefix, broker)
-        trimmer = self.trimmer(broker, topic)
+        proc, log_path, startup = self.start_daemon(client, slot, prefix)
         spy = None
         profile_path = None
         if profile_dir:
@@ -609,7 +606,8 @@ class Bench:
                  "--format", "raw", "--rate", "100", "-o", str(profile_path), "-p", str(proc.pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
-        window = CpuWindow({"daemon": proc.pid, "broker": _broker_pid(broker)}).start()
+        assert self.broker is not None
+        window = CpuWindow({"daemon": proc.pid, "broker": self.broker.pid}).start()
         threads0 = thread_cpu(proc.pid)
         t0 = time.monotonic()
         try:
@@ -627,12 +625,10 @@ class Bench:
         finally:
             if spy is not None:
                 self.procs.stop(spy, signal.SIGINT, timeout=30)  # py-spy writes its file on SIGINT
-            self.finish_trimmer(trimmer, name)
             self.stop_daemon(proc, log_path)
-        result.records, samples = read_topic_summary(broker.bootstrap_servers, topic, 0 if self.samples else SAMPLE_RECORDS)
+        result.records, samples = read_topic_summary(self.servers, topic, 0 if self.samples else SAMPLE_RECORDS)
         if samples:
             self.samples = samples
-        self.drop_broker(broker)
         if profile_dir:
             assert profile_path is not None
             self.profiles[client] = (result, profile_path)
@@ -646,38 +642,34 @@ class Bench:
     def run_client_alone(self, client: str) -> None:
         if not self.samples:
             raise BenchError("no cdc events were sampled to size the client-alone records")
-        broker = self.new_broker(f"alone-{SHORT[client]}")
         topic = f"alone_{SHORT[client]}"
-        create_topic(broker.bootstrap_servers, topic, "compact,delete" if self.args.trim else "compact")
+        create_topic(self.servers, topic)
         name = f"{client} alone"
         self.log(f"{name}: producing {self.args.rows:,} records")
         ctx = multiprocessing.get_context("spawn")
         parent, child_end = ctx.Pipe()
         child = ctx.Process(
-            target=produce_child, args=(child_end, client, broker.bootstrap_servers, topic, self.samples, self.args.rows),
+            target=produce_child, args=(child_end, client, self.servers, topic, self.samples, self.args.rows),
             name=f"bench-{client}-alone",
         )
         self.procs.child(child)
         child.start()
         child_end.close()
-        trimmer = None
+        assert self.broker is not None
         try:
             ready = recv(parent, child, 120)
             if ready.get("error"):
                 raise BenchError(f"{name}: {ready['error']}")
-            window = CpuWindow({"broker": _broker_pid(broker)}).start()
-            trimmer = self.trimmer(broker, topic)
+            window = CpuWindow({"broker": self.broker.pid}).start()
             done = recv(parent, child, max(600, self.args.rows / 100))
             window.stop()
             if done.get("error"):
                 raise BenchError(f"{name}: {done['error']}")
         finally:
-            self.finish_trimmer(trimmer, name)
             child.join(30)
             if child.is_alive():
                 child.kill()
-        records, _ = read_topic_summary(broker.bootstrap_servers, topic, 0)
-        self.drop_broker(broker)
+        records, _ = read_topic_summary(self.servers, topic, 0)
         result = Throughput(
             name, self.args.rows, done["seconds"], process_cpu_s=done["cpu_s"], peak_rss_mb=done["maxrss_mb"],
             broker_cpu_s=window.used.get("broker"), machine_busy_cores=window.machine_busy_cores,
@@ -691,33 +683,28 @@ class Bench:
     # -- 5. latency -------------------------------------------------------------------------
     def run_broker_floor(self) -> None:
         """The same consumer reading records a paced confluent producer sends: no cdc, no PostgreSQL."""
-        broker = self.new_broker("lat-floor")
         topic = "latency_floor"
-        create_topic(broker.bootstrap_servers, topic, "compact,delete" if self.args.trim else "compact")
+        create_topic(self.servers, topic)
         rate, seconds = self.args.latency_rate, self.args.latency_seconds
         self.log(f"latency floor of the broker: confluent-kafka producer at {rate:,} records/s for {seconds} s")
-        consumer = LatencyConsumer(broker.bootstrap_servers, topic)
+        consumer = LatencyConsumer(self.servers, topic)
         consumer.start()
-        trimmer = None
         stop = threading.Event()
         try:
             consumer.ready.wait(30)
             if consumer.error is not None:
                 raise BenchError(f"latency consumer failed: {consumer.error!r}")
             time.sleep(1.0)
-            trimmer = self.trimmer(broker, topic, keep=0, safe=consumer.position)
             sizes = [len(v) for v in self.samples] or [550]
-            sent, elapsed = paced_produce(broker.bootstrap_servers, topic, rate, seconds, sum(sizes) // len(sizes), stop)
+            sent, elapsed = paced_produce(self.servers, topic, rate, seconds, sum(sizes) // len(sizes), stop)
             achieved = sent / elapsed
             deadline = time.monotonic() + 30
             while consumer.count < sent and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:
             stop.set()
-            self.finish_trimmer(trimmer, "the latency floor")
             consumer.stopping.set()
             consumer.join(15)
-            self.drop_broker(broker)
         self.latencies["broker floor"] = Latency(
             "broker floor", rate, achieved, sent, consumer.count,
             [(c - s) / 1000 for c, _, s in consumer.samples],
@@ -728,19 +715,16 @@ class Bench:
     def run_latency(self, client: str) -> None:
         short = SHORT[client]
         slot, prefix = f"bench_lat_{short}", f"lat_{short}"
-        broker = self.new_broker(prefix)
         rate, seconds = self.args.latency_rate, self.args.latency_seconds
         self.log(f"latency with cdc+{client}: {rate:,} single-row UPDATE transactions/s for {seconds} s")
-        proc, log_path, _ = self.start_daemon(client, slot, prefix, broker)
-        consumer = LatencyConsumer(broker.bootstrap_servers, topic_name(prefix, "public", TABLE))
+        proc, log_path, _ = self.start_daemon(client, slot, prefix)
+        consumer = LatencyConsumer(self.servers, topic_name(prefix, "public", TABLE))
         consumer.start()
-        trimmer = None
         try:
             consumer.ready.wait(30)
             if consumer.error is not None:
                 raise BenchError(f"latency consumer failed: {consumer.error!r}")
             time.sleep(1.0)  # the consumer's first fetch is in flight
-            trimmer = self.trimmer(broker, consumer.topic, keep=0, safe=consumer.position)
             script = self.workdir / "pgbench-update.sql"
             script.write_text(PGBENCH_SCRIPT)
             assert self.pg is not None
@@ -776,11 +760,9 @@ class Bench:
             while consumer.count < processed and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:
-            self.finish_trimmer(trimmer, f"latency cdc+{client}")
             consumer.stopping.set()
             consumer.join(15)
             self.stop_daemon(proc, log_path)
-            self.drop_broker(broker)
             with contextlib.suppress(Exception):
                 self.sql("SELECT pg_drop_replication_slot(%s)", (slot,))
         lat = Latency(
@@ -830,12 +812,14 @@ class Bench:
     def report_head(self, title: str, what: str) -> list[str]:
         """Title, the command, what was measured, then the broker and the machine it ran on."""
         after = getattr(self, "load_after", None)
-        trim = "acknowledged records trimmed every second" if self.args.trim else "untrimmed (--no-trim)"
+        during = f", {min(self.loads):.2f}-{max(self.loads):.2f} during" if self.loads else ""
         return [
             "", f"## {title}", "",
-            f"Command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`", "",
-            f"{what} Broker: noida-db, {trim}. Machine: {os.cpu_count()} CPUs, load average "
-            f"{self.load_before[0]:.2f} before{f', {after[0]:.2f} after' if after else ''}; {versions()}.",
+            f"Command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`, {time.strftime('%Y-%m-%d %H:%M %Z')}", "",
+            f"{what} Broker: Apache Kafka {KAFKA_VERSION} (one KRaft broker/controller on the same cores, JVM "
+            f"-Xmx{self.broker.heap if self.broker else '?'}). Machine: {os.cpu_count()} CPUs, 1-minute load average "
+            f"{self.load_before[0]:.2f} before{during}{f', {after[0]:.2f} after' if after else ''} (other users of the "
+            f"machine keep running: see machine busy); {versions()}.",
             "",
         ]
 
@@ -848,7 +832,7 @@ class Bench:
             f"transactions of 100-1000 rows on a 6-column table, {(w.end_lsn - w.start_lsn) / 2**20:,.0f} MiB of WAL; "
             f"cdc event values average {self.mean_sample_size():,.0f} B.",
         )
-        out.append("| pipeline | rows/s | wall s | CPU s | rows per CPU-s | broker CPU s | walsender CPU s | machine busy (cores) | peak RSS MiB |")
+        out.append("| pipeline | rows/s | wall s | CPU s | rows per CPU-s | broker CPU s (µs/record) | walsender CPU s | machine busy (cores) | peak RSS MiB |")
         out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for key in ("pg_recvlogical", "kafka-python alone", "confluent alone", "cdc+kafka-python", "cdc+confluent"):
             r = res.get(key)
@@ -863,7 +847,7 @@ class Bench:
             if r.note:
                 label += f" ({r.note})"
             out.append(
-                f"| {label} | {r.rate:,.0f} | {r.seconds:,.2f} | {_f(cpu)} | {per_cpu} | {_f(r.broker_cpu_s)} | "
+                f"| {label} | {r.rate:,.0f} | {r.seconds:,.2f} | {_f(cpu)} | {per_cpu} | {broker_cpu(r.broker_cpu_s, r.rows)} | "
                 f"{_f(r.walsender_cpu_s)} | {_f(r.machine_busy_cores)} | {_f(r.peak_rss_mb, 0)} |"
             )
         out.append("")
@@ -955,8 +939,13 @@ def _f(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def broker_cpu(seconds: float | None, records: int) -> str:
+    """The broker's CPU seconds in a phase and per record, e.g. `2.1 (4.2)`."""
+    return "-" if seconds is None else f"{seconds:,.1f} ({seconds / records * 1e6:.1f})"
+
+
 def versions() -> str:
-    parts = [f"Python {sys.version.split()[0]}"]
+    parts = [f"Python {sys.version.split()[0]}", f"cdc from {REPO} ({'C accelerator' if native else 'pure Python'})"]
     with contextlib.suppress(Exception):
         import kafka
         from kafka.record import util
@@ -978,66 +967,26 @@ def versions() -> str:
 # --------------------------------------------------------------------------- Kafka helpers
 
 
-def create_topic(servers: str, topic: str, policy: str = "compact") -> None:
-    """A topic configured like the ones cdc creates (3 partitions; compact, or compact,delete to trim)."""
+def create_topic(servers: str, topic: str) -> None:
+    """A topic configured like the ones cdc creates (3 partitions, compacted)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": servers, "log_level": 4})
-    config = {"cleanup.policy": policy, "min.insync.replicas": "1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}
+    config = {"cleanup.policy": "compact", "min.insync.replicas": "1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}
     for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)]).values():
         future.result(30)
-
-
-class Trimmer(threading.Thread):
-    """Deletes acknowledged records every `interval` s so noida-db's store stays small.
-
-    Up to the high watermark minus `keep` per partition, and never past `safe(partition)`
-    when given (the latency consumer's position). DeleteRecords only removes records the
-    broker has acknowledged, so producers and the record counts are unaffected."""
-
-    def __init__(self, servers: str, topic: str, keep: int = TRIM_KEEP, safe: Any = None, interval: float = 1.0) -> None:
-        super().__init__(name=f"trim-{topic}", daemon=True)
-        self.servers, self.topic, self.keep, self.safe, self.interval = servers, topic, keep, safe, interval
-        self.stopping = threading.Event()
-        self.deleted = 0
-        self.error: str | None = None
-
-    def run(self) -> None:
-        from confluent_kafka import Consumer, TopicPartition
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self.servers, "log_level": 4})
-        offsets = Consumer({"bootstrap.servers": self.servers, "group.id": f"bench-trim-{self.topic}", "log_level": 4})
-        low = dict.fromkeys(range(PARTITIONS), 0)
-        try:
-            while not self.stopping.wait(self.interval):
-                targets = []
-                for p in range(PARTITIONS):
-                    _, high = offsets.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5, cached=False)
-                    upto = high - self.keep
-                    if self.safe is not None:
-                        upto = min(upto, self.safe(p))
-                    if upto > low[p]:
-                        targets.append(TopicPartition(self.topic, p, upto))
-                if not targets:
-                    continue
-                for tp, future in admin.delete_records(targets).items():
-                    future.result(10)
-                    self.deleted += tp.offset - low[tp.partition]
-                    low[tp.partition] = tp.offset
-        except Exception as exc:  # noqa: BLE001 - trimming only saves broker CPU; report, go on
-            self.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            offsets.close()
-
-    def finish(self) -> None:
-        self.stopping.set()
-        self.join(15)
+    deadline = time.monotonic() + 30
+    while True:  # Kafka lists a topic just created a moment after CreateTopics returns
+        found = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if found is not None and found.error is None and len(found.partitions) == PARTITIONS:
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"topic {topic} was created but is not listed after 30 s")
+        time.sleep(0.1)
 
 
 def read_topic_summary(servers: str, topic: str, sample: int) -> tuple[int, list[bytes]]:
-    """(records ever written to the fresh topic = sum of high watermarks, up to `sample` values
-    among those still on the broker)."""
+    """(records in the topic = the sum of its high watermarks, up to `sample` of their values)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({
@@ -1071,15 +1020,11 @@ class LatencyConsumer(threading.Thread):
         super().__init__(name="latency-consumer", daemon=True)
         self.servers, self.topic = servers, topic
         self.samples: list[tuple[int, float | None, int]] = []
-        self.positions: dict[int, int] = {}
         self.count = 0
         self.timestamp_type = "?"
         self.ready = threading.Event()
         self.stopping = threading.Event()
         self.error: BaseException | None = None
-
-    def position(self, partition: int) -> int:
-        return self.positions.get(partition, 0)
 
     def run(self) -> None:
         from confluent_kafka import (
@@ -1105,7 +1050,6 @@ class LatencyConsumer(threading.Thread):
                 for msg in batch:
                     if msg.error() is not None:
                         continue
-                    self.positions[msg.partition()] = msg.offset() + 1
                     if msg.value() is None:
                         continue
                     event = orjson.loads(msg.value())
@@ -1285,8 +1229,6 @@ def summarize_profile(path: Path, top: int = 20, idle: bool = False, seconds: fl
 def add_shared_args(parser: argparse.ArgumentParser) -> None:
     """The options both benches take (bench/snapshot.py too)."""
     parser.add_argument("--clients", default="kafka-python,confluent", help="comma-separated: kafka-python,confluent")
-    parser.add_argument("--no-trim", dest="trim", action="store_false",
-                        help="do not delete acknowledged records from the broker while measuring (see the module docstring)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs)")
 
 
