@@ -13,8 +13,7 @@ from typing import Any
 import click
 import orjson
 
-from cdc import __version__
-from cdc.accel import native
+from cdc import __version__, accel
 from cdc.config import Config, ConfigError, as_dict, load
 from cdc.redact import redact_dsn
 
@@ -78,7 +77,7 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(
-    __version__, prog_name="cdc", message=f"%(prog)s %(version)s ({'C accelerator' if native else 'pure Python'})"
+    __version__, prog_name="cdc", message=f"%(prog)s %(version)s ({accel.describe()})"
 )
 def main() -> None:
     """Change data capture: PostgreSQL logical decoding into compacted Kafka topics.

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import psycopg
 
-from cdc import pgoutput
-from cdc.accel import native
+from cdc import accel, pgoutput
 from cdc.changes import ChangeRenderer, NoKey
 from cdc.config import Config, TopicConfig
 from cdc.events import TRUNCATE_KEY, KeyUnavailable, Record, Txn
@@ -61,7 +60,6 @@ ProducerFactory = Callable[[TopicConfig, dict[str, int]], Producer]
 _W, _K, _STREAM_STOP = ord("w"), ord("k"), ord("E")
 _CHANGES = frozenset((pgoutput.Insert, pgoutput.Update, pgoutput.Delete, pgoutput.Truncate))
 _NO_LIMIT = 1 << 62  # a topic without a known max.message.bytes
-_render_change = None if native is None else native.render_change
 
 
 class FatalError(Exception):
@@ -166,7 +164,7 @@ class Daemon:
             self.incremental.request(self.plan.incremental)
         log.info(
             "capturing %d tables from slot %s at %s%s", len(self.tables), cfg.source.slot, format_lsn(self.confirmed),
-            "" if native is not None else " (C accelerator not built: every row takes the slower Python path)",
+            "" if accel.native is not None else f" ({accel.describe()}: every row takes the slower path)",
         )
 
     def _create_slot(self) -> None:
@@ -337,14 +335,14 @@ class Daemon:
             if incremental.busy and incremental.chunk is None:
                 incremental.next_chunk()
             messages = repl.read(0.2)
-            lanes = self.renderer.lanes
+            render_xlogdata = self.renderer.render_xlogdata
             for message in messages:
                 kind = message[0]
                 if kind == _W:
                     txn = self._txn
-                    if _render_change is not None and txn is not None and self._stream_xid is None:
+                    if render_xlogdata is not None and txn is not None and self._stream_xid is None:
                         # an insert, update or delete rendered in C; None for everything else
-                        records = _render_change(lanes, message, txn)
+                        records = render_xlogdata(message, txn)
                         if records is not None:
                             if incremental.chunk is not None:
                                 incremental.saw(records, txn.xid)
