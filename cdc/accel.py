@@ -15,6 +15,7 @@ The hot paths then pay nothing for the switch: they call whatever was bound last
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ ENV_VAR = "CDC_ACCEL"
 #: The built extension, whether or not it is in use (None: installed without a C compiler).
 speedups: ModuleType | None
 try:
-    from cdc import _speedups as speedups
+    speedups = importlib.import_module("cdc._speedups")
 except ImportError:
     speedups = None
 

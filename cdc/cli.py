@@ -59,7 +59,7 @@ class _Group(click.Group):
     """Usage mistakes (unknown verb or option, missing argument) end like every other user
     error: one `error: ...` line pointing at --help and exit 1, not click's three-line form."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
         try:
             return super().main(*args, **kwargs)

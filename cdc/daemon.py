@@ -182,6 +182,7 @@ class Daemon:
         log.info("created slot %s at %s", cfg.source.slot, format_lsn(created.consistent_point))
         self.confirmed = plan.state.consistent_point = created.consistent_point
         if plan.initial:
+            assert created.snapshot_name is not None  # asked for with export_snapshot
             self._exported = (repl, created.snapshot_name)  # kept idle until the snapshot is read
         else:
             repl.close()
@@ -209,6 +210,7 @@ class Daemon:
 
     def _initial_snapshot(self) -> None:
         cfg, state = self.config, self.plan.state
+        assert self._exported is not None  # _create_slot exported it
         repl, snapshot_name = self._exported
         try:
             producer = self._producer()
@@ -383,23 +385,23 @@ class Daemon:
             if self.incremental.chunk is not None:
                 self.incremental.saw(records, self._txn.xid)  # type: ignore[union-attr]
             self._send(records)
-        elif kind is pgoutput.Begin:
+        elif isinstance(msg, pgoutput.Begin):
             self._txn = Txn(msg.final_lsn, msg.commit_ts_us, msg.xid)
-        elif kind is pgoutput.Commit:
+        elif isinstance(msg, pgoutput.Commit):
             self._committed(msg.end_lsn, msg.commit_ts_us)
             self.incremental.note_commit(self._txn.xid)  # type: ignore[union-attr]
             self._txn = None
-        elif kind is pgoutput.Relation:
+        elif isinstance(msg, pgoutput.Relation):
             self.renderer.relation(msg)
-        elif kind is pgoutput.StreamStart:
+        elif isinstance(msg, pgoutput.StreamStart):
             self._stream_xid = msg.xid
-        elif kind is pgoutput.StreamStop:
+        elif isinstance(msg, pgoutput.StreamStop):
             self._stream_xid = None
-        elif kind is pgoutput.StreamCommit:
+        elif isinstance(msg, pgoutput.StreamCommit):
             self._replay(msg)
-        elif kind is pgoutput.StreamAbort:
+        elif isinstance(msg, pgoutput.StreamAbort):
             self.spill.abort(msg.xid, msg.subxid)
-        elif kind is pgoutput.Message and msg.prefix == MESSAGE_PREFIX:
+        elif isinstance(msg, pgoutput.Message) and msg.prefix == MESSAGE_PREFIX:
             self._message(msg)
         # Origin, Type and other logical decoding messages carry nothing for the topics
 
@@ -431,7 +433,7 @@ class Daemon:
                 if self.incremental.chunk is not None:
                     self.incremental.saw(records, txn.xid)
                 self._send(records)
-            elif kind is pgoutput.Relation:
+            elif isinstance(msg, pgoutput.Relation):
                 self.renderer.relation(msg)
             if n % 5000 == 4999:
                 self._advance()

@@ -139,7 +139,7 @@ class TableEvents:
         """Convert text values; unchanged TOASTed ones come from `fill` (the old row) when known."""
         if UNCHANGED not in values:  # the common case, as one comprehension
             return {n: None if v is None else c(v) for (n, c), v in zip(self._convert, values, strict=True)}
-        out = {}
+        out: dict[str, Any] = {}
         for (name, convert, placeholder), value in zip(self._columns, values, strict=True):
             if value is None:
                 out[name] = None

@@ -25,7 +25,7 @@ def _unescape(match: re.Match[str]) -> str:
         raise ValueError(f"unexpected COPY escape \\{char}") from None
 
 
-def _py_parse_line(line: bytes | memoryview) -> list[str | None]:
+def _py_parse_line(line: bytes | bytearray | memoryview) -> list[str | None]:
     """One COPY text line (with or without its newline) as column values, None for NULL."""
     text = bytes(line).decode()
     if text.endswith("\n"):
@@ -36,7 +36,7 @@ def _py_parse_line(line: bytes | memoryview) -> list[str | None]:
     return [None if f == "\\N" else _ESCAPE.sub(_unescape, f) if "\\" in f else f for f in fields]
 
 
-_c_parse_line: Callable[[bytes | memoryview], list[str | None] | None] | None = None
+_c_parse_line: Callable[[bytes | bytearray | memoryview], list[str | None] | None] | None = None
 
 
 def _bind_accel(native: ModuleType | None) -> None:
@@ -47,7 +47,7 @@ def _bind_accel(native: ModuleType | None) -> None:
 accel.bind(_bind_accel)
 
 
-def parse_line(line: bytes | memoryview) -> list[str | None]:
+def parse_line(line: bytes | bytearray | memoryview) -> list[str | None]:
     """One COPY text line as column values, None for NULL: the C twin when selected, and the
     Python one for what it leaves (bad escapes, bad UTF-8) and whenever it is off."""
     if _c_parse_line is not None:

@@ -433,3 +433,11 @@ def test_a_relation_version_is_freed_when_replaced():
     del events
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("text", ['"024-01-02 03:04:05+00', "2024-01-02 03:04:05\\1+00", "2024-01-02 03:04\n05.5+00"])
+def test_timestamptz_text_that_needs_an_escape_stays_valid_json(text):
+    """Found by fuzz/run.sh: the C fast case copied such text unescaped (PostgreSQL never sends it)."""
+    fast, slow = _twin_events(["at"], [("timestamptz", -1)], [0])
+    assert fast.encode([text]) == slow.encode([text])
+    orjson.loads(fast.encode([text])[1])
