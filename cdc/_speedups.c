@@ -351,6 +351,13 @@ static int is_json_integer(const char *s, Py_ssize_t n) {
     return 1;
 }
 
+/* Whether JSON needs no escape inside these bytes (no quote, backslash or control character). */
+static int json_plain(const char *s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s[i] == '"' || s[i] == '\\' || (unsigned char)s[i] < 0x20) return 0;
+    return 1;
+}
+
 /* The Python converter, then orjson: the general case, correct for every type. */
 static int put_converted(RowEncoder *self, Buf *b, Py_ssize_t i, PyObject *value) {
     PyObject *converted = PyObject_CallOneArg(PyTuple_GET_ITEM(self->converters, i), value);
@@ -422,8 +429,10 @@ static int encode_row(RowEncoder *self, PyObject *values, PyObject **key_out, Py
             break;
         case KIND_TIMESTAMPTZ:
             /* '2024-01-02 03:04:05.12+00' -> "2024-01-02T03:04:05.12Z" (UTC session, AD,
-             * four-digit year: the twin's fast case; every other form goes to the twin). */
-            if (n >= 22 && s[4] == '-' && s[10] == ' ' && s[n - 3] == '+' && s[n - 2] == '0' && s[n - 1] == '0') {
+             * four-digit year: the twin's fast case; every other form goes to the twin, and so
+             * does text that would need a JSON escape, which PostgreSQL never sends). */
+            if (n >= 22 && s[4] == '-' && s[10] == ' ' && s[n - 3] == '+' && s[n - 2] == '0' && s[n - 1] == '0'
+                && json_plain(s, n)) {
                 if ((rc = buf_reserve(&row, n + 1)) == 0) {
                     char *p = row.data + row.len;
                     *p++ = '"';

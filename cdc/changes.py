@@ -9,8 +9,10 @@ row under REPLICA IDENTITY FULL and the Debezium placeholder otherwise.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 
-from cdc import pgoutput
+from cdc import accel, pgoutput
 from cdc.catalog import Catalog
 from cdc.events import (
     TOAST_PLACEHOLDER,
@@ -46,9 +48,16 @@ class ChangeRenderer:
         self.patterns: list[TablePattern] = [parse_table_pattern(p) for p in patterns]
         self.with_schemas = with_schemas
         self.tables: dict[int, TableEvents | None] = {}
-        #: relation oid -> the C renderer of its streamed changes (cdc/_speedups.c
-        #: `render_change`, called by the daemon before falling back to `records`)
+        #: relation oid -> the C encoder of its streamed changes (a `TableEvents.lane`)
         self.lanes: dict[int, object] = {}
+        #: The C twin of decoding one XLogData message and calling `records`, chosen by the
+        #: accelerator switch when the renderer is built, or None. It takes the whole CopyData
+        #: message and the open transaction, and returns the records of an insert, update or
+        #: delete of a relation with a lane, or None for everything else (then decode and call
+        #: `records`). Only for changes outside stream blocks: streamed ones are spilled first.
+        self.render_xlogdata: Callable[[bytes | memoryview, Txn], list[Record] | None] | None = (
+            None if accel.native is None else partial(accel.native.render_change, self.lanes)
+        )
 
     def reset(self) -> None:
         """A new walsender sends every Relation again before using it."""
@@ -95,7 +104,7 @@ class ChangeRenderer:
             key_indexes=[names.index(k) for k in key_names],
             with_schemas=self.with_schemas,
         )
-        if events.lane is not None:
+        if events.lane is not None and self.render_xlogdata is not None:
             self.lanes[msg.oid] = events.lane
         log.debug("relation %s: columns %s, key %s", display, names, key_names)
 

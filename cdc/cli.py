@@ -13,8 +13,7 @@ from typing import Any
 import click
 import orjson
 
-from cdc import __version__
-from cdc.accel import native
+from cdc import __version__, accel
 from cdc.config import Config, ConfigError, as_dict, load, secrets_of, settings_markdown
 from cdc.redact import redact, setup_logging
 
@@ -54,7 +53,7 @@ class _Group(click.Group):
     """Usage mistakes (unknown verb or option, missing argument) end like every other user
     error: one `error: ...` line pointing at --help and exit 1, not click's three-line form."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
         try:
             return super().main(*args, **kwargs)
@@ -72,7 +71,7 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(
-    __version__, prog_name="cdc", message=f"%(prog)s %(version)s ({'C accelerator' if native else 'pure Python'})"
+    __version__, prog_name="cdc", message=f"%(prog)s %(version)s ({accel.describe()})"
 )
 def main() -> None:
     """Change data capture: PostgreSQL logical decoding into compacted Kafka topics.

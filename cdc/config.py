@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import os
@@ -517,6 +518,10 @@ SETTINGS: list[Setting] = _settings()
 SECTIONS = {f.name: f.type for f in fields(Config)}
 
 
+def _env_name(prefix: str, key: str) -> str:
+    return prefix + key.upper()
+
+
 def _unknown(what: str, name: str, known: list[str], shown: Callable[[str], str], listing: str) -> ConfigError:
     """`unknown <what>: did you mean <x>? ...` when a known name is close, else the known names."""
     close = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.6)
@@ -569,7 +574,7 @@ def load(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | N
             if name.startswith(env_prefix) and name[len(env_prefix):] not in {k.upper() for k in known}:
                 raise _unknown(
                     f"environment variable {name}", name[len(env_prefix):], known,
-                    lambda k, p=env_prefix: p + k.upper(),
+                    functools.partial(_env_name, env_prefix),
                     f"known: {', '.join(env_prefix + k.upper() for k in known)}",
                 )
         for key, row in rows.items():

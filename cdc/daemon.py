@@ -18,8 +18,7 @@ from pathlib import Path
 
 import psycopg
 
-from cdc import pgoutput
-from cdc.accel import native
+from cdc import accel, pgoutput
 from cdc.changes import ChangeRenderer, NoKey
 from cdc.config import Config, TopicConfig
 from cdc.events import TRUNCATE_KEY, KeyUnavailable, Record, Txn
@@ -62,7 +61,6 @@ ProducerFactory = Callable[[TopicConfig, dict[str, int]], Producer]
 _W, _K, _STREAM_STOP = ord("w"), ord("k"), ord("E")
 _CHANGES = frozenset((pgoutput.Insert, pgoutput.Update, pgoutput.Delete, pgoutput.Truncate))
 _NO_LIMIT = 1 << 62  # a topic without a known max.message.bytes
-_render_change = None if native is None else native.render_change
 
 
 class FatalError(Exception):
@@ -177,7 +175,7 @@ class Daemon:
             self.incremental.request(self.plan.incremental)
         log.info(
             "capturing %d tables from slot %s at %s%s", len(self.tables), cfg.source.slot, format_lsn(self.confirmed),
-            "" if native is not None else " (C accelerator not built: every row takes the slower Python path)",
+            "" if accel.native is not None else f" ({accel.describe()}: every row takes the slower path)",
         )
 
     def _create_slot(self) -> None:
@@ -195,6 +193,7 @@ class Daemon:
         log.info("created slot %s at %s", cfg.source.slot, format_lsn(created.consistent_point))
         self.confirmed = plan.state.consistent_point = created.consistent_point
         if plan.initial:
+            assert created.snapshot_name is not None  # asked for with export_snapshot
             self._exported = (repl, created.snapshot_name)  # kept idle until the snapshot is read
         else:
             repl.close()
@@ -228,6 +227,7 @@ class Daemon:
 
     def _initial_snapshot(self) -> None:
         cfg, state = self.config, self.plan.state
+        assert self._exported is not None  # _create_slot exported it
         repl, snapshot_name = self._exported
         try:
             producer = self._producer()
@@ -352,14 +352,14 @@ class Daemon:
             if incremental.busy and incremental.chunk is None:
                 incremental.next_chunk()
             messages = repl.read(0.2)
-            lanes = self.renderer.lanes
+            render_xlogdata = self.renderer.render_xlogdata
             for message in messages:
                 kind = message[0]
                 if kind == _W:
                     txn = self._txn
-                    if _render_change is not None and txn is not None and self._stream_xid is None:
+                    if render_xlogdata is not None and txn is not None and self._stream_xid is None:
                         # an insert, update or delete rendered in C; None for everything else
-                        records = _render_change(lanes, message, txn)
+                        records = render_xlogdata(message, txn)
                         if records is not None:
                             if incremental.chunk is not None:
                                 incremental.saw(records, txn.xid)
@@ -400,23 +400,23 @@ class Daemon:
             if self.incremental.chunk is not None:
                 self.incremental.saw(records, self._txn.xid)  # type: ignore[union-attr]
             self._send(records)
-        elif kind is pgoutput.Begin:
+        elif isinstance(msg, pgoutput.Begin):
             self._txn = Txn(msg.final_lsn, msg.commit_ts_us, msg.xid)
-        elif kind is pgoutput.Commit:
+        elif isinstance(msg, pgoutput.Commit):
             self._committed(msg.end_lsn, msg.commit_ts_us)
             self.incremental.note_commit(self._txn.xid)  # type: ignore[union-attr]
             self._txn = None
-        elif kind is pgoutput.Relation:
+        elif isinstance(msg, pgoutput.Relation):
             self.renderer.relation(msg)
-        elif kind is pgoutput.StreamStart:
+        elif isinstance(msg, pgoutput.StreamStart):
             self._stream_xid = msg.xid
-        elif kind is pgoutput.StreamStop:
+        elif isinstance(msg, pgoutput.StreamStop):
             self._stream_xid = None
-        elif kind is pgoutput.StreamCommit:
+        elif isinstance(msg, pgoutput.StreamCommit):
             self._replay(msg)
-        elif kind is pgoutput.StreamAbort:
+        elif isinstance(msg, pgoutput.StreamAbort):
             self.spill.abort(msg.xid, msg.subxid)
-        elif kind is pgoutput.Message and msg.prefix == MESSAGE_PREFIX:
+        elif isinstance(msg, pgoutput.Message) and msg.prefix == MESSAGE_PREFIX:
             self._message(msg)
         # Origin, Type and other logical decoding messages carry nothing for the topics
 
@@ -448,7 +448,7 @@ class Daemon:
                 if self.incremental.chunk is not None:
                     self.incremental.saw(records, txn.xid)
                 self._send(records)
-            elif kind is pgoutput.Relation:
+            elif isinstance(msg, pgoutput.Relation):
                 self.renderer.relation(msg)
             if n % 5000 == 4999:
                 self._advance()

@@ -93,11 +93,11 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
             for title, sql in SCRIPT[BEFORE_CDC:]:
                 click.echo(f"  SQL ({title}): {sql}")
                 conn.execute(sql)
-            target = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+            target = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
             _wait(
                 lambda: bool(conn.execute(
                     "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots WHERE slot_name = 'cdc'", (target,)
-                ).fetchone()[0]),
+                ).fetchone()[0]),  # type: ignore[index]
                 60, "the broker to acknowledge every change",
             )
         config = TopicConfig(bootstrap_servers=broker.bootstrap_servers, prefix=PREFIX)
@@ -120,7 +120,7 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
             click.echo(f"  read as a table (what compaction keeps): {sorted(json.dumps(v) for v in state.values())}")
         _step("one full event (Debezium envelope)")
         first = next(iter(read_topic(config, topic_name(PREFIX, "public", "customers"))))
-        click.echo(json.dumps(payload_of(first.value), indent=2))
+        click.echo(json.dumps(payload_of(first.value), indent=2))  # type: ignore[arg-type]
         _step("cdc status")
         status = subprocess.run([sys.executable, "-m", "cdc", "status"], env=env, capture_output=True, text=True)
         click.echo(status.stdout or status.stderr)

@@ -12,12 +12,12 @@ import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import orjson
 
-from cdc import __version__
-from cdc.accel import native
+from cdc import __version__, accel
 from cdc.pgoutput import UNCHANGED
 from cdc.types import NATIVE_KINDS
 
@@ -37,7 +37,15 @@ def _py_envelope(before: bytes | None, after: bytes | None, source: bytes, op: b
     return _ENVELOPE % (before or b"null", after or b"null", source, op, now_us // 1000, now_us, now_us)
 
 
-_envelope = _py_envelope if native is None else native.envelope
+_envelope = _py_envelope
+
+
+def _bind_accel(native: ModuleType | None) -> None:
+    global _envelope
+    _envelope = _py_envelope if native is None else native.envelope
+
+
+accel.bind(_bind_accel)
 
 
 class Record(NamedTuple):
@@ -96,6 +104,7 @@ class TableEvents:
         #: The C renderer of this relation's streamed changes (cdc/_speedups.c render_change),
         #: or None: then, and for every change it declines, cdc/changes.py renders them.
         self.lane = None
+        native = accel.native  # chosen once per relation version
         if native is not None:
             encoder = native.RowEncoder(
                 tuple(orjson.dumps(name) + b":" for name in self._names),
@@ -130,7 +139,7 @@ class TableEvents:
         """Convert text values; unchanged TOASTed ones come from `fill` (the old row) when known."""
         if UNCHANGED not in values:  # the common case, as one comprehension
             return {n: None if v is None else c(v) for (n, c), v in zip(self._convert, values, strict=True)}
-        out = {}
+        out: dict[str, Any] = {}
         for (name, convert, placeholder), value in zip(self._columns, values, strict=True):
             if value is None:
                 out[name] = None

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
-from cdc.accel import native
+from cdc import accel
 
 __all__ = ["fast_partition_for", "murmur2", "partition_for"]
 
@@ -66,8 +67,14 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (_hash32(key) & 0x7FFFFFFF) % partitions
 
 
-if native is None:
-    fast_partition_for = partition_for
-else:
-    #: `partition_for` in C (cdc/_speedups.c): it runs once per record.
-    fast_partition_for = native.partition_for
+#: `partition_for` in C (cdc/_speedups.c) when the accelerator is selected: it runs once per
+#: record. Rebound by the switch: look it up as `partitioner.fast_partition_for`.
+fast_partition_for: Callable[[bytes, int], int] = partition_for
+
+
+def _bind_accel(native: ModuleType | None) -> None:
+    global fast_partition_for
+    fast_partition_for = partition_for if native is None else native.partition_for
+
+
+accel.bind(_bind_accel)

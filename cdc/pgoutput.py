@@ -31,9 +31,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Final
 
-from cdc.accel import native
+from cdc import accel
 
 __all__ = [
     "UNCHANGED",
@@ -295,14 +296,24 @@ def _py_tuple(buf: bytes, pos: int) -> tuple[list[TupleValue], int]:
     return out, pos
 
 
-if native is None:
-    _tuple = _py_tuple
-else:
-    _native_tuple = native.parse_tuple
+_tuple = _py_tuple
 
-    def _tuple(buf: bytes, pos: int) -> tuple[list[TupleValue], int]:
+
+def _bind_accel(native: ModuleType | None) -> None:
+    global _tuple
+    if native is None:
+        _tuple = _py_tuple
+        return
+    parse_tuple = native.parse_tuple
+
+    def _c_tuple(buf: bytes, pos: int) -> tuple[list[TupleValue], int]:
         """The C twin; the Python one for what it leaves (binary columns, every error)."""
-        return _native_tuple(buf, pos, UNCHANGED) or _py_tuple(buf, pos)
+        return parse_tuple(buf, pos, UNCHANGED) or _py_tuple(buf, pos)
+
+    _tuple = _c_tuple
+
+
+accel.bind(_bind_accel)
 
 
 def _end(buf: bytes, pos: int) -> None:

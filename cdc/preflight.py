@@ -55,7 +55,7 @@ def connect_catalog(config: Config) -> Catalog:
     try:
         # libpq waits for an unanswered connect without limit: a firewalled host must fail, not hang
         params.setdefault("connect_timeout", str(CONNECT_TIMEOUT_S))
-        return Catalog(make_conninfo(**params))
+        return Catalog(make_conninfo("", **params))
     except psycopg.Error as exc:
         reason = redact_dsn(str(exc).strip().splitlines()[0]) if str(exc).strip() else type(exc).__name__
         # The DSN goes last: cli redacts the whole line again, and a masked password followed by

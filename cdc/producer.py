@@ -14,8 +14,8 @@ import logging
 from collections import deque
 from typing import Protocol
 
+from cdc import partitioner
 from cdc.config import TopicConfig
-from cdc.partitioner import fast_partition_for
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class _Counts:
     def __init__(self, partition_counts: dict[str, int]) -> None:
         # (topic, partition) keys made once, not per record; the count to pick a partition
         self._partitions = {topic: (n, [(topic, p) for p in range(n)]) for topic, n in partition_counts.items()}
+        self._partition_for = partitioner.fast_partition_for  # the accelerator switch, read per producer
         self.sent: dict[tuple[str, int], int] = {}
         self.acked: dict[tuple[str, int], int] = {}
         self.touched: set[tuple[str, int]] = set()
@@ -86,7 +87,7 @@ class _Counts:
         """The record's (topic, partition), counted as sent. Counted before the client takes
         it: a send that raises ends this producer's life (the daemon rewinds with a new one)."""
         count, tps = self._partitions[topic]
-        tp = tps[fast_partition_for(key, count)]
+        tp = tps[self._partition_for(key, count)]
         sent = self.sent
         sent[tp] = sent.get(tp, 0) + 1
         self.touched.add(tp)

@@ -43,7 +43,7 @@ def pinned_conninfo(dsn: str, **extra: str) -> str:
     params = conninfo_to_dict(dsn)
     params["options"] = f"{params.get('options', '')} {libpq_options()}".strip()
     params.update(extra)
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,9 @@ class ReplicationConnection:
         self.pgconn.send_query(command.encode())
         result = self.pgconn.get_result()
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
-            message = self.pgconn.get_error_message() if result is None else result.error_message
-            raise ReplicationLost(message.decode(errors="replace").strip() or "START_REPLICATION failed")
+            # get_error_message() is decoded text (psycopg >= 3.2); a result's error_message is bytes
+            message = self.pgconn.get_error_message() if result is None else result.error_message.decode(errors="replace")
+            raise ReplicationLost(message.strip() or "START_REPLICATION failed")
         self.pgconn.nonblocking = 1
         self.streaming = True
 
@@ -105,7 +106,7 @@ class ReplicationConnection:
                 if nbytes == -1:
                     raise ReplicationLost(self._end_reason())
                 if nbytes < -1:
-                    raise ReplicationLost(pgconn.get_error_message().decode(errors="replace").strip())
+                    raise ReplicationLost(pgconn.get_error_message().strip())
                 if out or timeout_s <= 0:
                     break
                 readable, _, _ = select.select([pgconn.socket], [], [], timeout_s)

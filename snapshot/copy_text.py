@@ -8,8 +8,10 @@ key bytes. COPY TO escapes only backslash, the control characters below and NULL
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from types import ModuleType
 
-from cdc.accel import native
+from cdc import accel
 
 _ESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r", "b": "\b", "f": "\f", "v": "\v"}
 _ESCAPE = re.compile(r"\\(.)")
@@ -23,7 +25,7 @@ def _unescape(match: re.Match[str]) -> str:
         raise ValueError(f"unexpected COPY escape \\{char}") from None
 
 
-def _py_parse_line(line: bytes | memoryview) -> list[str | None]:
+def _py_parse_line(line: bytes | bytearray | memoryview) -> list[str | None]:
     """One COPY text line (with or without its newline) as column values, None for NULL."""
     text = bytes(line).decode()
     if text.endswith("\n"):
@@ -34,12 +36,22 @@ def _py_parse_line(line: bytes | memoryview) -> list[str | None]:
     return [None if f == "\\N" else _ESCAPE.sub(_unescape, f) if "\\" in f else f for f in fields]
 
 
-if native is None:
-    parse_line = _py_parse_line
-else:
-    _native_parse_line = native.parse_copy_line
+_c_parse_line: Callable[[bytes | bytearray | memoryview], list[str | None] | None] | None = None
 
-    def parse_line(line: bytes | memoryview) -> list[str | None]:
-        """The C twin; the Python one reports what it leaves (bad escapes, bad UTF-8)."""
-        values = _native_parse_line(line)
-        return _py_parse_line(line) if values is None else values
+
+def _bind_accel(native: ModuleType | None) -> None:
+    global _c_parse_line
+    _c_parse_line = None if native is None else native.parse_copy_line
+
+
+accel.bind(_bind_accel)
+
+
+def parse_line(line: bytes | bytearray | memoryview) -> list[str | None]:
+    """One COPY text line as column values, None for NULL: the C twin when selected, and the
+    Python one for what it leaves (bad escapes, bad UTF-8) and whenever it is off."""
+    if _c_parse_line is not None:
+        values = _c_parse_line(line)
+        if values is not None:
+            return values
+    return _py_parse_line(line)

@@ -168,7 +168,7 @@ class IncrementalSnapshots:
         events = table_events(self.catalog, self.config, table)
         rows = dict(events.encode(values) for values in lines)
         key_indexes = table.key_indexes
-        last = [lines[-1][i] for i in key_indexes] if lines else None  # type: ignore[misc]
+        last = [lines[-1][i] for i in key_indexes] if lines else None
         self.chunk = Chunk(
             table, events, watermark, visibility, rows, last,  # type: ignore[arg-type]
             exhausted=len(lines) < self.config.snapshot.chunk_size,

@@ -26,6 +26,11 @@ from cdc.local.redis import LocalRedis
 
 EXTERNAL_KAFKA_ENV = "CDC_TEST_BOOTSTRAP_SERVERS"
 
+#: Fixtures that start (or reach) a server: a test using any of them, directly or through
+#: another fixture, is an integration test. Tests that start servers themselves say so
+#: with `@pytest.mark.integration`.
+SERVER_FIXTURES = frozenset({"pg", "db", "broker", "broker_servers", "local_broker", "eager_broker"})
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # kafka-python 3.0 loads its protocol schemas with importlib.resources APIs that
@@ -34,6 +39,30 @@ def pytest_configure(config: pytest.Config) -> None:
         "filterwarnings", "ignore::DeprecationWarning:kafka.protocol.schemas.load_json"
     )
     config.addinivalue_line("filterwarnings", "ignore:open_text is deprecated:DeprecationWarning")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tiers by fixture use, so a new test lands in the right one without a marker:
+    integration if it needs a server (slow tests always do), unit otherwise."""
+    for item in items:
+        if item.get_closest_marker("integration") or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.integration)
+        elif SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+        else:
+            item.add_marker(pytest.mark.unit)
+
+
+def _no_server_in_a_unit_test(*_: object, **__: object) -> None:
+    raise AssertionError("a unit test started a server: use the pg/db/broker fixtures or mark it integration")
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keeps `pytest -m unit` honest: a server started in-process by a unit test fails it."""
+    if request.node.get_closest_marker("unit"):
+        monkeypatch.setattr(LocalPostgres, "start", _no_server_in_a_unit_test)
+        monkeypatch.setattr(LocalKafka, "start", _no_server_in_a_unit_test)
 
 
 @pytest.fixture(scope="session")

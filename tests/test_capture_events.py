@@ -14,6 +14,7 @@ from tests.support import (
     ENVELOPE_KEYS,
     SOURCE_KEYS,
     cdc,
+    current_lsn,
     start_streaming,
     topic_records,
     wait_caught_up,
@@ -171,12 +172,19 @@ def test_status_and_metrics(db, broker_servers, topic_prefix, run_daemon, tmp_pa
     status = json.loads(result.stdout)
     assert status["slot"]["name"] == slot and status["slot"]["active"] is True
     assert status["slot"]["wal_status"] == "reserved"
-    assert status["slot"]["lag_bytes"] >= 0 and status["slot"]["retained_wal_bytes"] >= 0
+    # caught up: the lag is at most a few WAL records the server wrote since, never the 10 rows
+    assert 0 <= status["slot"]["lag_bytes"] < 64 * 1024, status["slot"]
+    assert status["slot"]["lag_bytes"] <= status["slot"]["retained_wal_bytes"]
     topic = topic_name(topic_prefix, "public", "m")
     assert sum(status["topics"][topic].values()) == 10
     human = cdc("status", "--config", str(daemon.config))
     assert f"slot {slot}: active" in human.stdout and topic in human.stdout
     assert daemon.stop() == 0
+    before = current_lsn(db.dsn)
+    db.execute("INSERT INTO public.m SELECT generate_series(1001, 2000)")
+    written = current_lsn(db.dsn) - before
+    behind = json.loads(cdc("status", "--json", "--config", str(daemon.config)).stdout)["slot"]
+    assert behind["active"] is False and behind["lag_bytes"] >= written > 0  # stopped: the lag shows it
     tail = cdc("tail", "public.m", "--raw", "--config", str(daemon.config))
     assert tail.returncode == 0, tail.stderr
     lines = [json.loads(line) for line in tail.stdout.splitlines()]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support import cdc
 
 
+@pytest.mark.integration  # `cdc demo` starts its own PostgreSQL and Kafka
 def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     result = cdc("demo", "--workdir", str(tmp_path / "demo"), timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

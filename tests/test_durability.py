@@ -43,6 +43,7 @@ def assert_topic_equals_source(db, servers: str, prefix: str) -> None:
     assert got == expected
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_loses_nothing(tmp_path, db, broker_servers, topic_prefix):
     db.execute(ACCT)
     config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.acct"])
@@ -65,6 +66,7 @@ def test_kill_9_at_random_moments_loses_nothing(tmp_path, db, broker_servers, to
     assert_topic_equals_source(db, broker_servers, topic_prefix)
 
 
+@pytest.mark.slow
 def test_broker_kill_9_loop_mid_stream(tmp_path, db, local_broker, topic_prefix):
     """Apache Kafka is killed -9 three times under a streaming load: the daemon rides out
     every outage by itself, and nothing acknowledged is lost or reordered."""
@@ -193,7 +195,8 @@ def test_producer_error_mid_batch_rewinds(tmp_path, db, broker_servers, topic_pr
     assert daemon.run() == 0
     thread.join()
     assert len(factories) == 2  # the failure dropped the first producer: a rewind, not a lone retry
-    assert daemon.metrics.errors.labels("producer")._value.get() == 1
+    # what /metrics shows: exactly one producer error, the one injected
+    assert daemon.metrics.registry.get_sample_value("cdc_errors_total", {"kind": "producer"}) == 1
     assert_topic_equals_source(db, broker_servers, topic_prefix)
 
 

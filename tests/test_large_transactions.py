@@ -81,6 +81,7 @@ def test_streamed_transactions_commit_abort_and_savepoints(tmp_path, db, broker_
     assert not any(Path(tmp_path / "spill").rglob("*.spill"))  # nothing left behind on disk
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", [1, 2])
 def test_million_row_transaction_in_bounded_memory(tmp_path, db, broker_servers, topic_prefix, protocol):
     """1,000,000 rows of ~300 bytes in one transaction: ~300 MB of events pass through a

@@ -71,6 +71,7 @@ def pg_rows(pg: LocalPostgres, query: str, params: Any = None) -> list[tuple[Any
         return conn.execute(query, params).fetchall()
 
 
+@pytest.mark.integration
 def test_dedicated_cluster_restarts_with_its_data_and_settings(tmp_path: Path) -> None:
     cluster = LocalPostgres(tmp_path / "pg", settings={"fsync": "on", "max_wal_senders": "7"})
     try:

@@ -4,10 +4,22 @@ a key on two different partitions loses per-key order, and compaction with it.""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from cdc.partitioner import fast_partition_for, murmur2, partition_for
+from cdc import accel, partitioner
+from cdc.partitioner import murmur2, partition_for
+
+
+@pytest.fixture(params=["c", "python"])
+def fast_partition_for(request: pytest.FixtureRequest) -> Iterator[Callable[[bytes, int], int]]:
+    """What the producer calls once per record, on each side of the accelerator switch."""
+    if request.param == "c" and accel.speedups is None:
+        pytest.skip("the C accelerator is not built")
+    with accel.selected(request.param == "c"):
+        yield partitioner.fast_partition_for
+
 
 # Kafka's own vectors: clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java
 # (testMurmur2).
@@ -64,7 +76,7 @@ def test_bytes_like_inputs_agree() -> None:
         assert murmur2(memoryview(key)) == expected
 
 
-def test_keys_longer_than_the_precompiled_unpackers() -> None:
+def test_keys_longer_than_the_precompiled_unpackers(fast_partition_for) -> None:
     kp = pytest.importorskip("kafka.partitioner.default")
     rng = random.Random(5)
     for n in (255, 256, 257, 259, 260, 1000, 4099, 65536 + 3):
@@ -75,7 +87,7 @@ def test_keys_longer_than_the_precompiled_unpackers() -> None:
             assert fast_partition_for(memoryview(key), partitions) == partition_for(key, partitions)
 
 
-def test_partition_count_must_be_positive() -> None:
+def test_partition_count_must_be_positive(fast_partition_for) -> None:
     for bad in (0, -1):
         for function in (partition_for, fast_partition_for):
             with pytest.raises(ValueError, match=f"^partition count must be positive, got {bad}$"):
@@ -91,7 +103,7 @@ def test_matches_kafka_python_on_random_keys() -> None:
         assert partition_for(key, n) == (theirs & 0x7FFFFFFF) % n, (key, n)
 
 
-def test_matches_confluent_kafka_on_random_keys() -> None:
+def test_matches_confluent_kafka_on_random_keys(fast_partition_for) -> None:
     from confluent_kafka import murmur2 as hash_partition
 
     for i, key in enumerate(KEYS):

@@ -17,6 +17,7 @@ import timeit
 
 import pytest
 
+from cdc import accel
 from cdc.pgoutput import (
     UNCHANGED,
     Begin,
@@ -591,11 +592,23 @@ def test_stream_layout_mismatch_is_detected() -> None:
 # --------------------------------------------------------------------------- speed
 
 
-def test_insert_decode_speed_smoke() -> None:
-    """Guards against accidental slow paths; the real figure is printed with -s."""
-    payload = encode(Insert(None, 16391, ["42", "Zoë", "12.50", "happy", "x" * 40, "2024-01-02"]))
+def _decode_seconds(payload: bytes) -> float:
     decode = Decoder().decode
     n = 20_000
-    best = min(timeit.repeat(lambda: decode(payload), number=n, repeat=3)) / n
-    print(f"\npgoutput Insert(6 text columns): {best * 1e6:.2f} µs/message")
-    assert best < 200e-6
+    return min(timeit.repeat(lambda: decode(payload), number=n, repeat=3)) / n
+
+
+def test_insert_decode_speed_smoke() -> None:
+    """Each path keeps up with 100,000 row changes a second (about 0.5 µs/message in C and
+    1.7 µs in Python on the 2-core CI machine: the bound leaves room for a loaded one).
+    The real figures are printed with -s."""
+    payload = encode(Insert(None, 16391, ["42", "Zoë", "12.50", "happy", "x" * 40, "2024-01-02"]))
+    with accel.selected(False):
+        python = _decode_seconds(payload)
+    print(f"\npgoutput Insert(6 text columns): {python * 1e6:.2f} µs/message in Python")
+    assert python < 10e-6
+    if accel.speedups is not None:
+        with accel.selected(True):
+            fast = _decode_seconds(payload)
+        print(f"pgoutput Insert(6 text columns): {fast * 1e6:.2f} µs/message in C")
+        assert fast < 10e-6
