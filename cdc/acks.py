@@ -14,14 +14,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
 
 from cdc.producer import RECORD_OVERHEAD, Mark, Producer, RecordTooLarge
 
-if TYPE_CHECKING:  # the events module loads the decoder and psycopg: not needed to count acks
-    from cdc.events import Record
-
 NO_LIMIT = 1 << 62  # a topic without a known max.message.bytes
+# (topic, key, value, table): cdc.events.Record, or a plain tuple from the C renderer
+Outgoing = tuple[str, bytes, bytes | None, str]
 
 
 def _nothing() -> None:
@@ -60,7 +58,7 @@ class Acks:
     def limit(self, topic: str) -> int:
         return self.limits.get(topic, self.default_limit)
 
-    def send(self, records: Iterable[Record]) -> int:
+    def send(self, records: Iterable[Outgoing]) -> int:
         """Send (topic, key, value, table) records in order; returns their key and value bytes.
 
         A record above its topic's limit raises RecordTooLarge before it is sent: the broker
