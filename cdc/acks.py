@@ -55,9 +55,6 @@ class Acks:
         self.on_commit = on_commit
         self.while_waiting = while_waiting
 
-    def limit(self, topic: str) -> int:
-        return self.limits.get(topic, self.default_limit)
-
     def send(self, records: Iterable[Outgoing]) -> int:
         """Send (topic, key, value, table) records in order; returns their key and value bytes.
 
