@@ -29,6 +29,7 @@ class FakeProducer:
         self.failure: str | None = None
         self.closed = False
         self.flushed: list[float] = []
+        self.polls = 0
         self.log: list[tuple[str, bytes, bytes | None]] = []
 
     def partition(self, key: bytes) -> int:
@@ -56,6 +57,8 @@ class FakeProducer:
         return sum(self.sent.values()) - sum(self.done.values())
 
     def poll(self) -> None:
+        self.polls += 1
+        assert self.polls < 10_000, "waiting for acknowledgements that never come"
         for _ in range(self.ack_on_poll):
             waiting = [tp for tp in self.sent if self.done.get(tp, 0) < self.sent[tp]]
             if waiting:
