@@ -394,7 +394,7 @@ class Setting:
         """The secret strings this setting's value holds, for redaction."""
         if not value or not self.secret:
             return []
-        return [value] if self.secret is True else self.secret(value)  # type: ignore[operator]
+        return [value] if self.secret is True else self.secret(value)
 
     def example(self, from_env: bool) -> str:
         """`key = <default>` (or `CDC_SECTION_KEY=<default>`): what a valid setting looks like."""
@@ -503,8 +503,9 @@ class Setting:
 def _settings() -> list[Setting]:
     """The table, read from the dataclasses; a field declared without `opt()` is refused here."""
     out = []
+    sections = get_type_hints(Config)
     for section in fields(Config):
-        cls = section.default_factory  # type: ignore[misc]
+        cls = sections[section.name]
         hints = get_type_hints(cls)
         defaults = cls()
         for f in fields(cls):
@@ -622,7 +623,8 @@ def settings_markdown() -> str:
             allowed = ", ".join(f"`{c}`" for c in s.choices)
         elif s.kind in (int, float):
             high = s.high if s.high is not None else (INT32_MAX if s.kind is int else None)
-            allowed = f"{_num(s.low)} to {_num(high)}" if high is not None else f"at least {_num(s.low)}"
+            low = s.low if s.low is not None else -INT32_MAX - 1
+            allowed = f"{_num(low)} to {_num(high)}" if high is not None else f"at least {_num(low)}"
         else:
             allowed = {bool: "`true`, `false`", list[str]: "list of strings"}.get(s.kind, "string")
         if s.secret:

@@ -12,13 +12,15 @@ import logging
 import signal
 import sys
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
+from kafka.errors import KafkaError
 
 from cdc import accel, pgoutput
+from cdc.acks import Acks
 from cdc.changes import ChangeRenderer, NoKey
 from cdc.config import Config, TopicConfig
 from cdc.events import TRUNCATE_KEY, KeyUnavailable, Record, Txn
@@ -26,6 +28,7 @@ from cdc.metrics import Metrics
 from cdc.naming import topic_name
 from cdc.preflight import (
     PreflightError,
+    SlotState,
     check_server,
     check_slot,
     claim_slot,
@@ -36,7 +39,7 @@ from cdc.preflight import (
     slot_state,
     try_claim_slot,
 )
-from cdc.producer import RECORD_OVERHEAD, Producer, ProducerError, RecordTooLarge, make_producer
+from cdc.producer import Producer, ProducerError, RecordTooLarge, make_producer
 from cdc.redact import redact
 from cdc.replication import (
     ReplicationConnection,
@@ -52,7 +55,7 @@ from snapshot.incremental import MESSAGE_PREFIX, IncrementalSnapshots
 from snapshot.initial import InitialSnapshot, SnapshotStopped, table_events
 from snapshot.plan import SnapshotRefused, captured_names
 from snapshot.plan import plan as plan_snapshot
-from snapshot.state import deliver, load_state, send_state, state_topic
+from snapshot.state import SnapshotState, deliver, load_state, send_state, state_topic
 from snapshot.tables import describe
 
 log = logging.getLogger(__name__)
@@ -60,7 +63,6 @@ log = logging.getLogger(__name__)
 ProducerFactory = Callable[[TopicConfig, dict[str, int]], Producer]
 _W, _K, _STREAM_STOP = ord("w"), ord("k"), ord("E")
 _CHANGES = frozenset((pgoutput.Insert, pgoutput.Update, pgoutput.Delete, pgoutput.Truncate))
-_NO_LIMIT = 1 << 62  # a topic without a known max.message.bytes
 
 
 class FatalError(Exception):
@@ -91,21 +93,29 @@ class _Backoff:
 
 
 class Daemon:
+    """The streaming pipeline of one slot: preflight, the initial snapshot, then changes into
+    the topics until stopped, surviving lost connections and broker failures.
+
+    `prepare()` turns every bad input into one line before anything is streamed; `run()`
+    streams. What may be confirmed to PostgreSQL is `acks.confirmed` (cdc.acks); the daemon
+    reconnects after a lost connection and rewinds after a producer error, never skips.
+    """
+
     def __init__(self, config: Config, producer_factory: ProducerFactory = make_producer) -> None:
         self.config = config
         self.producer_factory = producer_factory
         self.metrics = Metrics()
         self.stopping = False
-        self.confirmed = 0  # highest commit end LSN whose records the broker acknowledged
         self.server_wal_end = 0
-        # (producer mark, commit end LSN, commit ts) of commits not yet acknowledged, in order
-        self.pending: deque[tuple[dict, int, int]] = deque()
-        self.producer: Producer | None = None
         self.repl: ReplicationConnection | None = None
         self.last_status = 0.0
         self.sent_confirmed = -1
         self.topic_limits: dict[str, int] = {}
         self.partition_counts: dict[str, int] = {}
+        self.acks = Acks(
+            config.daemon.max_pending_records, self.topic_limits,
+            on_commit=self.metrics.transactions.inc, while_waiting=self._send_status,
+        )
         self._txn: Txn | None = None
         self._stream_xid: int | None = None
         self._table_counts: dict[str, int] = {}
@@ -116,52 +126,79 @@ class Daemon:
     def prepare(self, only_tables: list[str] | None = None, stop_when_done: bool = False) -> None:
         """Preflight and setup: every bad input fails here with one line. For `cdc snapshot`:
         `only_tables` limits the snapshot (not the capture), `stop_when_done` exits after it."""
-        cfg = self.config
         self._install_signals()
-        if cfg.daemon.metrics_port:  # before anything is created: a port in use is a start-up mistake
-            try:
-                self.metrics.serve(cfg.daemon.metrics_host, cfg.daemon.metrics_port)
-            except OSError as exc:
-                raise PreflightError(
-                    f"cannot serve metrics on {cfg.daemon.metrics_host}:{cfg.daemon.metrics_port} "
-                    f"({exc.strerror or exc}): set [daemon] metrics_port to a free port (0 turns metrics off) "
-                    "or fix metrics_host"
-                ) from None
+        self._serve_metrics()
+        self._connect_source()
+        with _refused(ValueError):
+            only = captured_names(self.tables, only_tables)
+        state = self._ensure_topics()
+        slot = self._plan_snapshot(state, only, stop_when_done)
+        self._resume_or_drop_slot(slot)
+        self._set_up_capture()
+        log.info(
+            "capturing %d tables from slot %s at %s%s", len(self.tables), self.config.source.slot,
+            format_lsn(self.acks.confirmed),
+            "" if accel.native is not None else f" ({accel.describe()}: every row takes the slower path)",
+        )
+
+    def _serve_metrics(self) -> None:
+        """Before anything is created: a metrics port in use is a start-up mistake."""
+        cfg = self.config.daemon
+        if not cfg.metrics_port:
+            return
+        try:
+            self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
+        except OSError as exc:
+            raise PreflightError(
+                f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port} ({exc.strerror or exc}): "
+                "set [daemon] metrics_port to a free port (0 turns metrics off) or fix metrics_host"
+            ) from None
+
+    def _connect_source(self) -> None:
+        """The catalog connection, the server's settings, the slot's lock and the captured tables."""
+        cfg = self.config
         self.catalog = connect_catalog(cfg)
         check_server(self.catalog)
         claim_slot(self.catalog, cfg)
         self.tables = resolve_tables(self.catalog, cfg)
-        try:
-            only = captured_names(self.tables, only_tables)
-        except ValueError as exc:
-            raise PreflightError(str(exc)) from None
-        try:
+
+    def _ensure_topics(self) -> SnapshotState | None:
+        """Every table's topic and the state topic exist; returns the slot's durable state."""
+        cfg = self.config
+        with _refused(TopicError):
             self.admin = TopicAdmin(cfg.topic)
-        except TopicError as exc:
-            raise PreflightError(str(exc)) from None
-        topics = [topic_name(cfg.topic.prefix, t.schema, t.table) for t in self.tables]
-        try:
+            topics = [topic_name(cfg.topic.prefix, t.schema, t.table) for t in self.tables]
             infos = self.admin.ensure(topics)
             infos.update(self.admin.ensure([state_topic(cfg.topic.prefix)], partitions=1))
             state = load_state(cfg)
-        except TopicError as exc:
-            raise PreflightError(str(exc)) from None
         self._remember_topics(infos)
+        return state
+
+    def _plan_snapshot(self, state: SnapshotState | None, only: list[str] | None, stop_when_done: bool) -> SlotState:
+        """Which snapshot to take, from the slot and the durable state; returns the slot as found."""
+        cfg = self.config
         slot = slot_state(self.catalog, cfg.source.slot)
-        try:
+        with _refused(SnapshotRefused):
             self.plan = plan_snapshot(
                 cfg.snapshot.mode, cfg.source.slot, cfg.topic.prefix, slot.exists, slot.wal_status == "lost", state,
                 [t.display for t in self.tables], only,
             )
-        except SnapshotRefused as exc:
-            raise PreflightError(str(exc)) from None
         self.plan.stop_when_done |= stop_when_done
+        return slot
+
+    def _resume_or_drop_slot(self, slot: SlotState) -> None:
+        """Stream on from an existing slot's confirmed LSN, or drop one the plan replaces."""
+        name = self.config.source.slot
         if self.plan.drop_lost_slot:
-            log.warning("dropping slot %s, which lost WAL it needed, to take a new snapshot", cfg.source.slot)
-            self.catalog.conn.execute("SELECT pg_drop_replication_slot(%s)", (cfg.source.slot,))
+            log.warning("dropping slot %s, which lost WAL it needed, to take a new snapshot", name)
+            self.catalog.conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
         elif slot.exists:
-            slot = check_slot(self.catalog, cfg)
-            self.confirmed = slot.confirmed_flush_lsn or 0
+            slot = check_slot(self.catalog, self.config)
+            self.acks.confirmed = slot.confirmed_flush_lsn or 0
+
+    def _set_up_capture(self) -> None:
+        """Publication, renderer and spill store; a new slot when the plan needs one."""
+        cfg = self.config
         ensure_publication(self.catalog, cfg, self.tables)
         self.renderer = ChangeRenderer(
             self.catalog, cfg.topic.prefix, self.catalog.database(), cfg.source.tables, cfg.events.schemas,
@@ -173,10 +210,6 @@ class Daemon:
         self.incremental = IncrementalSnapshots(cfg, self.catalog, self.tables, self.plan.state)
         if self.plan.incremental:
             self.incremental.request(self.plan.incremental)
-        log.info(
-            "capturing %d tables from slot %s at %s%s", len(self.tables), cfg.source.slot, format_lsn(self.confirmed),
-            "" if accel.native is not None else f" ({accel.describe()}: every row takes the slower path)",
-        )
 
     def _create_slot(self) -> None:
         """The durable state says "running" before the slot exists, so no crash from here on
@@ -191,7 +224,7 @@ class Daemon:
         repl = self._connect_replication()
         created = repl.create_slot(cfg.source.slot, export_snapshot=bool(plan.initial))
         log.info("created slot %s at %s", cfg.source.slot, format_lsn(created.consistent_point))
-        self.confirmed = plan.state.consistent_point = created.consistent_point
+        self.acks.confirmed = plan.state.consistent_point = created.consistent_point
         if plan.initial:
             assert created.snapshot_name is not None  # asked for with export_snapshot
             self._exported = (repl, created.snapshot_name)  # kept idle until the snapshot is read
@@ -221,9 +254,9 @@ class Daemon:
         log.warning("re-snapshot: older rows in the topics are cut off by truncate events at %s", format_lsn(position))
 
     def _producer(self) -> Producer:
-        if self.producer is None:
-            self.producer = self.producer_factory(self.config.topic, dict(self.partition_counts))
-        return self.producer
+        if self.acks.producer is None:
+            self.acks.producer = self.producer_factory(self.config.topic, dict(self.partition_counts))
+        return self.acks.producer
 
     def _initial_snapshot(self) -> None:
         cfg, state = self.config, self.plan.state
@@ -233,8 +266,8 @@ class Daemon:
             producer = self._producer()
             chosen = [t for t in self.tables if t.display in self.plan.initial]
             InitialSnapshot(
-                cfg, self.catalog, state, producer, self.partition_counts, self.topic_limits, lambda: self.stopping
-            ).run(snapshot_name, self.confirmed, chosen)
+                cfg, self.catalog, state, self.acks, self.partition_counts, lambda: self.stopping
+            ).run(snapshot_name, self.acks.confirmed, chosen)
             state.initial = "done"
             send_state(producer, cfg.topic.prefix, state)
             deliver(producer, cfg.topic.delivery_timeout_ms / 1000)
@@ -261,75 +294,11 @@ class Daemon:
         """Run until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1)."""
         self._install_signals()
         cfg = self.config
-        repl_backoff = _Backoff("PostgreSQL replication connection")
-        broker_backoff = _Backoff("Kafka broker")
         try:
-            if self._exported is not None:
-                try:
-                    self._initial_snapshot()
-                except SnapshotStopped:
-                    log.info("stopped during the initial snapshot: the next start finishes it incrementally")
-                    self._finish(10)
-                    return 0
-                except _FATAL:
-                    raise
-                except Exception as exc:
-                    if not (isinstance(exc, psycopg.Error) or _is_producer_error(exc)):
-                        raise
-                    raise FatalError(
-                        f"the initial snapshot failed ({_first_line(exc)}): fix the cause and start again; the tables "
-                        "not yet complete are then snapshotted incrementally while streaming"
-                    ) from None
-            while not self.stopping and not self._snapshot_finished():
-                try:
-                    if self.producer is None:
-                        self.producer = self.producer_factory(cfg.topic, dict(self.partition_counts))
-                        broker_backoff.recovered()
-                    if self.catalog.ensure_connected() and not try_claim_slot(self.catalog, cfg.source.slot):
-                        raise FatalError(
-                            f"slot {cfg.source.slot} was claimed by another cdc process (PostgreSQL backend PID "
-                            f"{slot_holder(self.catalog, cfg.source.slot)}) while this one reconnected: stop one of them"
-                        )
-                    self.repl = self._connect_replication()
-                    self.renderer.reset()
-                    self.incremental.rewind()
-                    self.spill.clear()
-                    self.decoder = pgoutput.Decoder()
-                    self._txn = None
-                    self._stream_xid = None
-                    self.repl.start(
-                        cfg.source.slot, self.confirmed, cfg.source.publication,
-                        cfg.source.protocol_version, cfg.source.streaming,
-                    )
-                    repl_backoff.recovered()
-                    log.info("streaming from %s", format_lsn(self.confirmed))
-                    self._stream()
-                except (ReplicationLost, psycopg.OperationalError) as exc:
-                    self.metrics.errors.labels("replication").inc()
-                    if "does not exist" in str(exc):
-                        raise FatalError(
-                            f"streaming stopped ({_first_line(exc)}): changes after LSN {format_lsn(self.confirmed)} "
-                            "were not captured; check [source] slot and publication, then start again with a fresh "
-                            "snapshot of the tables (cdc run recreates a missing slot and publication)"
-                        ) from None
-                    if any(mark in str(exc) for mark in _SLOT_LOST):
-                        raise FatalError(
-                            f"slot {cfg.source.slot} can no longer stream ({_first_line(exc)}): its WAL is gone; "
-                            f"drop it with SELECT pg_drop_replication_slot('{cfg.source.slot}') and start again "
-                            "with a fresh snapshot of the tables"
-                        ) from None
-                    self._close_replication()
-                    self._drain(cfg.topic.delivery_timeout_ms / 1000)
-                    self._sleep(repl_backoff.failed(_first_line(exc)))
-                except _FATAL:
-                    raise
-                except Exception as exc:
-                    if not _is_producer_error(exc):
-                        raise
-                    self.metrics.errors.labels("producer").inc()
-                    log.error("producer error (%s): rewinding to the last confirmed LSN %s", _first_line(exc), format_lsn(self.confirmed))
-                    self._rewind()
-                    self._sleep(broker_backoff.failed(_first_line(exc)))
+            if self._exported is not None and not self._initial_snapshot_completed():
+                self._finish(10)
+                return 0
+            self._stream_until_stopped()
             if not self.stopping:
                 log.info("snapshot complete (initial_only, or cdc snapshot): stopping")
             log.info("stopping: flushing and confirming")
@@ -341,14 +310,101 @@ class Daemon:
             print(f"error: {redact(str(exc))}", file=sys.stderr, flush=True)
             return 1
 
+    def _initial_snapshot_completed(self) -> bool:
+        """Take the initial snapshot; False when a signal stopped it. A database or broker
+        failure is fatal here: the next start resumes the snapshot incrementally."""
+        try:
+            self._initial_snapshot()
+        except SnapshotStopped:
+            log.info("stopped during the initial snapshot: the next start finishes it incrementally")
+            return False
+        except (psycopg.Error, *_PRODUCER_ERRORS) as exc:
+            raise FatalError(
+                f"the initial snapshot failed ({_first_line(exc)}): fix the cause and start again; the tables "
+                "not yet complete are then snapshotted incrementally while streaming"
+            ) from None
+        return True
+
+    def _stream_until_stopped(self) -> None:
+        """Stream until stopped (or the snapshot of `cdc snapshot` is done): reconnect after a
+        lost connection, rewind to the confirmed LSN after a producer error."""
+        cfg = self.config
+        repl_backoff = _Backoff("PostgreSQL replication connection")
+        broker_backoff = _Backoff("Kafka broker")
+        while not self.stopping and not self._snapshot_finished():
+            try:
+                if self.acks.producer is None:
+                    self._producer()
+                    broker_backoff.recovered()
+                self._reclaim_slot()
+                self._start_replication()
+                repl_backoff.recovered()
+                log.info("streaming from %s", format_lsn(self.acks.confirmed))
+                self._stream()
+            except (ReplicationLost, psycopg.OperationalError) as exc:
+                self.metrics.errors.labels("replication").inc()
+                self._stop_if_unrecoverable(exc)
+                self._close_replication()
+                self.acks.drain(cfg.topic.delivery_timeout_ms / 1000)
+                self._sleep(repl_backoff.failed(_first_line(exc)))
+            except _PRODUCER_ERRORS as exc:
+                self.metrics.errors.labels("producer").inc()
+                log.error(
+                    "producer error (%s): rewinding to the last confirmed LSN %s",
+                    _first_line(exc), format_lsn(self.acks.confirmed),
+                )
+                self._rewind()
+                self._sleep(broker_backoff.failed(_first_line(exc)))
+
+    def _reclaim_slot(self) -> None:
+        """After the catalog connection was re-established, its advisory lock on the slot is
+        new: another cdc process may have taken the slot in between."""
+        slot = self.config.source.slot
+        if self.catalog.ensure_connected() and not try_claim_slot(self.catalog, slot):
+            raise FatalError(
+                f"slot {slot} was claimed by another cdc process (PostgreSQL backend PID "
+                f"{slot_holder(self.catalog, slot)}) while this one reconnected: stop one of them"
+            )
+
+    def _start_replication(self) -> None:
+        """A fresh stream from the confirmed LSN; everything decoded after it is forgotten."""
+        cfg = self.config
+        self.repl = self._connect_replication()
+        self.renderer.reset()
+        self.incremental.rewind()
+        self.spill.clear()
+        self.decoder = pgoutput.Decoder()
+        self._txn = None
+        self._stream_xid = None
+        self.repl.start(
+            cfg.source.slot, self.acks.confirmed, cfg.source.publication,
+            cfg.source.protocol_version, cfg.source.streaming,
+        )
+
+    def _stop_if_unrecoverable(self, exc: ReplicationLost | psycopg.OperationalError) -> None:
+        """Raise FatalError when the server's error code says reconnecting cannot help."""
+        slot = self.config.source.slot
+        if exc.sqlstate == _UNDEFINED_OBJECT:
+            raise FatalError(
+                f"streaming stopped ({_first_line(exc)}): changes after LSN {format_lsn(self.acks.confirmed)} "
+                "were not captured; check [source] slot and publication, then start again with a fresh "
+                "snapshot of the tables (cdc run recreates a missing slot and publication)"
+            ) from None
+        if exc.sqlstate == _SLOT_INVALIDATED:
+            raise FatalError(
+                f"slot {slot} can no longer stream ({_first_line(exc)}): its WAL is gone; "
+                f"drop it with SELECT pg_drop_replication_slot('{slot}') and start again "
+                "with a fresh snapshot of the tables"
+            ) from None
+
     def _stream(self) -> None:
         repl = self.repl
         assert repl is not None
         status_interval = self.config.source.status_interval_s
-        handle, send = self._handle, self._send
+        handle, send, advance = self._handle, self._send, self.acks.advance
         incremental = self.incremental
         while not self.stopping and not self._snapshot_finished():
-            self._advance()
+            advance()
             if incremental.busy and incremental.chunk is None:
                 incremental.next_chunk()
             messages = repl.read(0.2)
@@ -371,13 +427,13 @@ class Daemon:
                     wal_end, reply = parse_keepalive(message)
                     self._server_at(wal_end)
                     if reply:
-                        self._advance()
+                        advance()
                         self._send_status(force=True)
             now = time.monotonic()
             if now - self.last_status >= min(1.0, status_interval) or (
-                self.confirmed != self.sent_confirmed and now - self.last_status >= 0.1
+                self.acks.confirmed != self.sent_confirmed and now - self.last_status >= 0.1
             ):
-                self._advance()
+                advance()
                 self._send_status()
 
     def _server_at(self, wal_end: int) -> None:
@@ -385,8 +441,8 @@ class Daemon:
         walsender's position was already received and acknowledged, so the slot may move on
         (no WAL pile-up while the captured tables are idle and others write)."""
         self.server_wal_end = max(self.server_wal_end, wal_end)
-        if not self.pending and self._txn is None and self._stream_xid is None and wal_end > self.confirmed:
-            self.confirmed = wal_end
+        if self._txn is None and self._stream_xid is None:
+            self.acks.caught_up(wal_end)
 
     # -- messages -------------------------------------------------------------------------
     def _handle(self, change_lsn: int, payload: memoryview) -> None:
@@ -403,7 +459,7 @@ class Daemon:
         elif isinstance(msg, pgoutput.Begin):
             self._txn = Txn(msg.final_lsn, msg.commit_ts_us, msg.xid)
         elif isinstance(msg, pgoutput.Commit):
-            self._committed(msg.end_lsn, msg.commit_ts_us)
+            self.acks.commit(msg.end_lsn, msg.commit_ts_us)
             self.incremental.note_commit(self._txn.xid)  # type: ignore[union-attr]
             self._txn = None
         elif isinstance(msg, pgoutput.Relation):
@@ -427,13 +483,11 @@ class Daemon:
         if records:
             self._send(records)
         if changed:
-            send_state(self.producer, self.config.topic.prefix, self.incremental.durable)  # type: ignore[arg-type]
+            send_state(self.acks.producer, self.config.topic.prefix, self.incremental.durable)  # type: ignore[arg-type]
 
     def _snapshot_finished(self) -> bool:
         """`initial_only` and `cdc snapshot`: stop once the snapshot is complete and acknowledged."""
-        if not self.plan.stop_when_done or self.incremental.busy or self.pending:
-            return False
-        return self.producer is None or not self.producer.in_flight()
+        return self.plan.stop_when_done and not self.incremental.busy and self.acks.settled()
 
     def _replay(self, commit: pgoutput.StreamCommit) -> None:
         """A streamed transaction committed: produce it from its spill file, in order."""
@@ -451,58 +505,21 @@ class Daemon:
             elif isinstance(msg, pgoutput.Relation):
                 self.renderer.relation(msg)
             if n % 5000 == 4999:
-                self._advance()
+                self.acks.advance()
                 self._send_status()
         log.info(
             "streamed transaction %d committed at %s: produced from %d spilled messages",
             commit.xid, format_lsn(commit.commit_lsn), n + 1,
         )
-        self._committed(commit.end_lsn, commit.commit_ts_us)
+        self.acks.commit(commit.end_lsn, commit.commit_ts_us)
         self.incremental.note_commit(commit.xid)
-
-    def _committed(self, end_lsn: int, commit_ts_us: int) -> None:
-        self.pending.append((self.producer.mark(), end_lsn, commit_ts_us))  # type: ignore[union-attr]
 
     def _send(self, records: list[Record]) -> None:
         """The records of one change (all of one table, except a multi-table truncate)."""
-        send = self.producer.send  # type: ignore[union-attr]
-        limits = self.topic_limits
+        self._bytes += self.acks.send(records)
         counts = self._table_counts
-        sent_bytes = 0
-        for topic, key, value, table in records:
-            size = len(key) + (len(value) if value is not None else 0)
-            if size + RECORD_OVERHEAD > limits.get(topic, _NO_LIMIT):
-                raise RecordTooLarge.of(table, key, size, topic, limits[topic])
-            send(topic, key, value)
+        for _, _, _, table in records:
             counts[table] = counts.get(table, 0) + 1
-            sent_bytes += size
-        self._bytes += sent_bytes
-        if self.producer.in_flight() >= self.config.daemon.max_pending_records:  # type: ignore[union-attr]
-            self._make_room()
-
-    def _make_room(self) -> None:
-        """Backpressure: wait for acknowledgements, still answering the walsender so
-        wal_sender_timeout never cuts a daemon that waits on a slow broker."""
-        low = self.config.daemon.max_pending_records * 0.8
-        while True:
-            self._advance()
-            if self.producer.in_flight() <= low:  # type: ignore[union-attr]
-                return
-            self._send_status()
-            time.sleep(0.002)
-
-    def _advance(self) -> None:
-        """Confirm every commit whose records are all acknowledged, in commit order."""
-        producer = self.producer
-        if producer is None:
-            return
-        producer.poll()
-        pending = self.pending
-        while pending and producer.reached(pending[0][0]):
-            self.confirmed = max(self.confirmed, pending.popleft()[1])
-            self.metrics.transactions.inc()
-        if not pending:
-            producer.reached({})  # surfaces a failure even with no commit waiting
 
     def _send_status(self, force: bool = False) -> None:
         repl = self.repl
@@ -511,18 +528,19 @@ class Daemon:
         now = time.monotonic()
         if not force and now - self.last_status < 0.1:
             return
-        repl.send_status(self.confirmed)
+        confirmed = self.acks.confirmed
+        repl.send_status(confirmed)
         self.last_status = now
-        self.sent_confirmed = self.confirmed
-        if self.incremental.progress and self.incremental.progress[0][0] < self.confirmed:
+        self.sent_confirmed = confirmed
+        if self.incremental.progress and self.incremental.progress[0][0] < confirmed:
             self._record_progress()
         m = self.metrics
-        m.acked_lsn.set(self.confirmed)
+        m.acked_lsn.set(confirmed)
         m.server_lsn.set(self.server_wal_end)
-        m.lag_bytes.set(max(0, self.server_wal_end - self.confirmed))
-        oldest = self.pending[0][2] if self.pending else None
+        m.lag_bytes.set(max(0, self.server_wal_end - confirmed))
+        oldest = self.acks.oldest_commit_ts_us()
         m.lag_seconds.set(max(0.0, time.time() - oldest / 1e6) if oldest is not None else 0.0)
-        m.pending.set(self.producer.in_flight() if self.producer is not None else 0)
+        m.pending.set(self.acks.in_flight())
         for table, count in self._table_counts.items():
             m.events.labels(table).inc(count)
         self._table_counts.clear()
@@ -540,28 +558,18 @@ class Daemon:
             ).fetchone()
             state = None if row is None or row[0] is None else self.incremental.confirmed(parse_lsn(row[0]))
             if state is not None:
-                if self.producer is not None:
-                    send_state(self.producer, self.config.topic.prefix, state)
+                if self.acks.producer is not None:
+                    send_state(self.acks.producer, self.config.topic.prefix, state)
                 return
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.05)
 
     # -- recovery and shutdown --------------------------------------------------------------
-    def _drain(self, timeout_s: float) -> None:
-        """Wait for every sent record's fate (used before reconnecting and when stopping)."""
-        if self.producer is None:
-            return
-        self.producer.flush(timeout_s)
-        self._advance()
-
     def _rewind(self) -> None:
-        """Drop the producer and everything unconfirmed: the stream restarts at `confirmed`."""
+        """Drop the producer and everything unconfirmed: the stream restarts at `acks.confirmed`."""
         self._close_replication()
-        if self.producer is not None:
-            self.producer.close()
-            self.producer = None
-        self.pending.clear()
+        self.acks.rewind()
 
     def _close_replication(self) -> None:
         if self.repl is not None:
@@ -571,7 +579,7 @@ class Daemon:
     def _finish(self, timeout_s: float) -> None:
         """Wait for outstanding acknowledgements, confirm what was acknowledged, let go."""
         try:
-            self._drain(timeout_s)
+            self.acks.drain(timeout_s)
         except ProducerError as exc:
             log.error("records not acknowledged at shutdown (%s): they will be sent again on restart", exc)
         try:
@@ -579,16 +587,16 @@ class Daemon:
         except ReplicationLost:
             pass
         self._close_replication()
-        if self.incremental.progress and self.producer is not None:
+        if self.incremental.progress and self.acks.producer is not None:
             try:  # the walsender applies the last status as it goes: then the progress behind it is safe
                 self._record_progress(wait_s=5)
-                self._drain(timeout_s)
+                self.acks.drain(timeout_s)
             except (ProducerError, psycopg.Error) as exc:
                 log.warning("snapshot progress not recorded at shutdown (%s): the last chunks are read again", exc)
         self.incremental.close()
-        if self.producer is not None:
-            self.producer.close()
-        log.info("stopped at confirmed LSN %s", format_lsn(self.confirmed))
+        if self.acks.producer is not None:
+            self.acks.producer.close()
+        log.info("stopped at confirmed LSN %s", format_lsn(self.acks.confirmed))
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -604,21 +612,23 @@ class Daemon:
         signal.signal(signal.SIGINT, stop)
 
 
-# walsender errors after which retrying cannot help: the slot lost its WAL
-_SLOT_LOST = ("can no longer get changes", "has been invalidated")
 _FATAL = (FatalError, NoKey, KeyUnavailable, RecordTooLarge)
+# a record not acknowledged, or the Kafka client failing outright (no broker, metadata timeout)
+_PRODUCER_ERRORS = (ProducerError, KafkaError)
+# SQLSTATEs after which reconnecting cannot help: the slot or the publication was dropped
+# (undefined_object), the slot was invalidated and its WAL is gone (object_not_in_prerequisite_state)
+_UNDEFINED_OBJECT, _SLOT_INVALIDATED = "42704", "55000"
+
+
+@contextmanager
+def _refused(*errors: type[Exception]) -> Iterator[None]:
+    """Preflight: these errors already name the fix, so they stop the start with their one line."""
+    try:
+        yield
+    except errors as exc:
+        raise PreflightError(str(exc)) from None
 
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _is_producer_error(exc: BaseException) -> bool:
-    if isinstance(exc, ProducerError):
-        return True
-    try:
-        from kafka.errors import KafkaError
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(exc, KafkaError)

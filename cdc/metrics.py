@@ -9,6 +9,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 
 class Metrics:
+    """What an operator watches to know the pipeline keeps up: events and bytes produced,
+    transactions acknowledged, errors by kind, the confirmed LSN against the server's WAL
+    end (lag in bytes and seconds) and records still unacknowledged. Its own registry, so
+    several daemons in one process (the tests) do not collide."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry

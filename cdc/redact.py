@@ -18,6 +18,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Iterable
+from types import TracebackType
 from urllib.parse import quote, unquote
 
 MASK = "***"
@@ -139,8 +140,8 @@ def setup_logging(level: str, secrets: list[str]) -> None:
     install(secrets)
 
 
-def _excepthook(kind: type[BaseException], value: BaseException, tb: object) -> None:
-    sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))))  # type: ignore[arg-type]
+def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))))
 
 
 def _thread_excepthook(args: threading.ExceptHookArgs) -> None:

@@ -26,7 +26,14 @@ _KEEPALIVE = struct.Struct("!Qq?")
 
 
 class ReplicationLost(Exception):
-    """The replication connection broke; the caller reconnects from the last confirmed LSN."""
+    """The replication connection broke; the caller reconnects from the last confirmed LSN.
+
+    `sqlstate` is the server's error code when it sent one (as on psycopg's errors), so the
+    caller can tell a dropped or invalidated slot from a connection that merely broke."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
 
 
 def format_lsn(lsn: int) -> str:
@@ -63,7 +70,7 @@ class ReplicationConnection:
                 autocommit=True,
             )
         except psycopg.Error as exc:
-            raise ReplicationLost(str(exc).strip().splitlines()[0]) from None
+            raise ReplicationLost(str(exc).strip().splitlines()[0], exc.sqlstate) from None
         self.pgconn = self.conn.pgconn
         self.streaming = False
 
@@ -89,7 +96,7 @@ class ReplicationConnection:
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             # get_error_message() is decoded text (psycopg >= 3.2); a result's error_message is bytes
             message = self.pgconn.get_error_message() if result is None else result.error_message.decode(errors="replace")
-            raise ReplicationLost(message.strip() or "START_REPLICATION failed")
+            raise ReplicationLost(message.strip() or "START_REPLICATION failed", _sqlstate(result))
         self.pgconn.nonblocking = 1
         self.streaming = True
 
@@ -104,7 +111,7 @@ class ReplicationConnection:
                     out.append(data)
                     continue
                 if nbytes == -1:
-                    raise ReplicationLost(self._end_reason())
+                    raise self._ended()
                 if nbytes < -1:
                     raise ReplicationLost(pgconn.get_error_message().strip())
                 if out or timeout_s <= 0:
@@ -115,14 +122,15 @@ class ReplicationConnection:
                 pgconn.consume_input()
                 timeout_s = 0
         except psycopg.Error as exc:
-            raise ReplicationLost(str(exc).strip() or "replication connection lost") from None
+            raise ReplicationLost(str(exc).strip() or "replication connection lost", exc.sqlstate) from None
         return out
 
-    def _end_reason(self) -> str:
+    def _ended(self) -> ReplicationLost:
+        """Why the server ended the stream, with its error code when it sent an error."""
         result = self.pgconn.get_result()
         if result is not None and result.error_message:
-            return result.error_message.decode(errors="replace").strip()
-        return "the server ended the replication stream"
+            return ReplicationLost(result.error_message.decode(errors="replace").strip(), _sqlstate(result))
+        return ReplicationLost("the server ended the replication stream")
 
     def send_status(self, flush_lsn: int, reply: bool = False) -> None:
         """Standby status update: written/flushed/applied all set to the confirmed LSN."""
@@ -132,13 +140,18 @@ class ReplicationConnection:
             while self.pgconn.flush() == 1:
                 select.select([], [self.pgconn.socket], [], 1.0)
         except psycopg.Error as exc:
-            raise ReplicationLost(str(exc).strip() or "replication connection lost") from None
+            raise ReplicationLost(str(exc).strip() or "replication connection lost", exc.sqlstate) from None
 
     def close(self) -> None:
         try:
             self.conn.close()
         except Exception:  # closing a broken connection must not hide the original error
             pass
+
+
+def _sqlstate(result: pq.abc.PGresult | None) -> str | None:
+    code = None if result is None else result.error_field(pq.DiagnosticField.SQLSTATE)
+    return None if code is None else code.decode()
 
 
 def parse_xlogdata(message: memoryview) -> tuple[int, int, memoryview]:

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from cdc.acks import Acks
 from cdc.catalog import CapturedTable, Catalog
 from cdc.changes import ChangeRenderer
 from cdc.config import Config, secrets_of
 from cdc.events import TableEvents
 from cdc.naming import qualified, quote_literal, topic_name
-from cdc.producer import RECORD_OVERHEAD, Producer, RecordTooLarge, make_producer
+from cdc.producer import make_producer
 from cdc.redact import setup_logging
 from cdc.replication import format_lsn, pinned_conninfo
 from snapshot.copy_text import parse_line
@@ -118,7 +119,7 @@ def read_range(
     try:
         events = table_events(catalog, config, task.table)
         source = events.source(ts_us, "true", position, 0, None, position)
-        send = _sender(producer, events, limit, config.daemon.max_pending_records)
+        send = _sender(Acks(config.daemon.max_pending_records, {events.topic: limit}, producer=producer), events)
         rows, held = 0, None
         with conn.cursor().copy(task.table.copy_sql(task.after, task.upto)) as copy:
             for line in copy:
@@ -139,39 +140,38 @@ def read_range(
         catalog.close()
 
 
-def _sender(producer: Producer, events: TableEvents, limit: int, max_pending: int) -> Callable[[list, bytes], None]:
-    """Render and send one row as a snapshot read; waits for acknowledgements when too many are pending."""
+def _sender(acks: Acks, events: TableEvents) -> Callable[[list, bytes], None]:
+    """Render and send one row as a snapshot read (size check and backpressure: `acks`)."""
     topic, name = events.topic, events.name
-    envelope, encode, send = events.envelope, events.encode, producer.send
+    envelope, encode, send = events.envelope, events.encode, acks.send
 
     def emit(values: list, source: bytes) -> None:
         key, after = encode(values)
-        value = envelope("r", None, after, source)
-        size = len(key) + len(value)
-        if size + RECORD_OVERHEAD > limit:
-            raise RecordTooLarge.of(name, key, size, topic, limit)
-        send(topic, key, value)
-        if producer.in_flight() >= max_pending:
-            while producer.in_flight() > max_pending * 0.8:
-                producer.poll()
-                producer.reached({})
-                time.sleep(0.002)
+        send(((topic, key, envelope("r", None, after, source), name),))
 
     return emit
 
 
 # -- the coordinator ----------------------------------------------------------------------
 class InitialSnapshot:
+    """The coordinator of the initial snapshot: plans the reads inside the exported snapshot,
+    runs them in reader processes, emits each table's final row with its Debezium marker and
+    records a table done in the durable state only once all its rows are acknowledged.
+
+    Sends through the daemon's `acks` (its producer, topic limits and backpressure); each
+    reader has a producer and an `Acks` of its own."""
+
     def __init__(
-        self, config: Config, catalog: Catalog, state: SnapshotState, producer: Producer,
-        partitions: dict[str, int], limits: dict[str, int], stopping: Callable[[], bool],
+        self, config: Config, catalog: Catalog, state: SnapshotState, acks: Acks,
+        partitions: dict[str, int], stopping: Callable[[], bool],
     ) -> None:
+        assert acks.producer is not None
         self.config = config
         self.catalog = catalog
         self.state = state
-        self.producer = producer
+        self.acks = acks
+        self.producer = acks.producer
         self.partitions = partitions
-        self.limits = limits
         self.stopping = stopping
 
     def run(self, snapshot_name: str, consistent_point: int, tables: list[CapturedTable]) -> None:
@@ -200,7 +200,7 @@ class InitialSnapshot:
                 topic = _topic(cfg, task.table)
                 futures[pool.submit(
                     read_range, cfg, snapshot_name, task, consistent_point, ts_us,
-                    {topic: self.partitions[topic]}, self.limits.get(topic, cfg.topic.max_message_bytes),
+                    {topic: self.partitions[topic]}, self.acks.limits.get(topic, cfg.topic.max_message_bytes),
                 )] = task
             held: tuple[SnapshotTable, list[str | None]] | None = None
             outstanding = set(futures)
@@ -269,10 +269,7 @@ class InitialSnapshot:
 
     def _emit(self, table: SnapshotTable, values: list[str | None], marker: str, position: int, ts_us: int) -> None:
         events = table_events(self.catalog, self.config, table)
-        topic = events.topic
-        limit = self.limits.get(topic, self.config.topic.max_message_bytes)
-        send = _sender(self.producer, events, limit, self.config.daemon.max_pending_records)
-        send(values, events.source(ts_us, marker, position, 0, None, position))
+        _sender(self.acks, events)(values, events.source(ts_us, marker, position, 0, None, position))
 
     def _mark_done(self, table: SnapshotTable) -> None:
         """Durable before the next table counts: the records and then the state acknowledged."""

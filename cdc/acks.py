@@ -1,0 +1,138 @@
+"""Acknowledgement bookkeeping: which source position may be confirmed, given the broker's acks.
+
+DESIGN.md's durability rule lives here and nowhere else: a commit's end LSN becomes
+`confirmed` only once the broker acknowledged every record sent before the commit, commits
+are confirmed in their order, and after a producer failure everything unconfirmed is
+forgotten so the caller resends from `confirmed` (duplicates are harmless, reordering is not).
+The same class refuses records a topic can never accept and holds the sender back when too
+many records are unacknowledged, for the streaming daemon and the snapshot readers alike.
+It knows neither PostgreSQL nor the daemon, so tests drive it with a fake producer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+
+from cdc.producer import RECORD_OVERHEAD, Mark, Producer, RecordTooLarge
+
+NO_LIMIT = 1 << 62  # a topic without a known max.message.bytes
+# (topic, key, value, table): cdc.events.Record, or a plain tuple from the C renderer
+Outgoing = tuple[str, bytes, bytes | None, str]
+
+
+def _nothing() -> None:
+    pass
+
+
+class Acks:
+    """Sends records through one producer and turns its acknowledgements into a confirmed LSN.
+
+    `producer` is None between a failure and the caller's next producer; `pending` holds
+    (producer mark, commit end LSN, commit timestamp in µs) of the commits still waiting
+    for acknowledgements, oldest first. `on_commit` runs once per commit confirmed (a
+    metric); `while_waiting` runs between polls while `make_room` waits, so the caller can
+    keep other peers (the walsender) answered during backpressure.
+    """
+
+    def __init__(
+        self,
+        max_pending: int,
+        limits: Mapping[str, int],
+        default_limit: int = NO_LIMIT,
+        producer: Producer | None = None,
+        confirmed: int = 0,
+        on_commit: Callable[[], object] = _nothing,
+        while_waiting: Callable[[], object] = _nothing,
+    ) -> None:
+        self.max_pending = max_pending
+        self.limits = limits  # topic -> max.message.bytes; the caller's dict, so new topics show up
+        self.default_limit = default_limit
+        self.producer = producer
+        self.confirmed = confirmed  # highest commit end LSN whose records the broker acknowledged
+        self.pending: deque[tuple[Mark, int, int]] = deque()
+        self.on_commit = on_commit
+        self.while_waiting = while_waiting
+
+    def send(self, records: Iterable[Outgoing]) -> int:
+        """Send (topic, key, value, table) records in order; returns their key and value bytes.
+
+        A record above its topic's limit raises RecordTooLarge before it is sent: the broker
+        would refuse it on every retry. Too many unacknowledged records wait in `make_room`."""
+        producer = self.producer
+        assert producer is not None, "send after a failure without a new producer"
+        send, limits, default = producer.send, self.limits, self.default_limit
+        sent_bytes = 0
+        for topic, key, value, table in records:
+            size = len(key) + (len(value) if value is not None else 0)
+            limit = limits.get(topic, default)
+            if size + RECORD_OVERHEAD > limit:
+                raise RecordTooLarge.of(table, key, size, topic, limit)
+            send(topic, key, value)
+            sent_bytes += size
+        if producer.in_flight() >= self.max_pending:
+            self.make_room()
+        return sent_bytes
+
+    def commit(self, end_lsn: int, commit_ts_us: int) -> None:
+        """Everything sent so far belongs to commits up to `end_lsn`: confirm it once acknowledged."""
+        assert self.producer is not None
+        self.pending.append((self.producer.mark(), end_lsn, commit_ts_us))
+
+    def advance(self) -> None:
+        """Confirm every commit whose records are all acknowledged, in commit order.
+
+        Raises ProducerError once any record failed, whether or not a commit waits for it."""
+        producer = self.producer
+        if producer is None:
+            return
+        producer.poll()
+        pending = self.pending
+        while pending and producer.reached(pending[0][0]):
+            self.confirmed = max(self.confirmed, pending.popleft()[1])
+            self.on_commit()
+        if not pending:
+            producer.reached({})  # surfaces a failure even with no commit waiting
+
+    def caught_up(self, lsn: int) -> None:
+        """The caller vouches that every commit below `lsn` was received: with none waiting
+        for acknowledgements, `lsn` may be confirmed (an idle slot still moves on)."""
+        if not self.pending and lsn > self.confirmed:
+            self.confirmed = lsn
+
+    def make_room(self) -> None:
+        """Backpressure: wait until at most 80% of `max_pending` records are unacknowledged."""
+        low = self.max_pending * 0.8
+        while True:
+            self.advance()
+            if self.in_flight() <= low:
+                return
+            self.while_waiting()
+            time.sleep(0.002)
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for every sent record's fate, then confirm what was acknowledged."""
+        if self.producer is None:
+            return
+        self.producer.flush(timeout_s)
+        self.advance()
+
+    def rewind(self) -> None:
+        """After a failure: drop the producer and every unconfirmed commit. The caller resends
+        from `confirmed` with a new producer; no retry of the old one can land after that."""
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
+        self.pending.clear()
+
+    def in_flight(self) -> int:
+        return self.producer.in_flight() if self.producer is not None else 0
+
+    def settled(self) -> bool:
+        """No commit waits and no record is in flight."""
+        return not self.pending and self.in_flight() == 0
+
+    def oldest_commit_ts_us(self) -> int | None:
+        """Commit time of the oldest commit not yet confirmed (the lag a user feels)."""
+        return self.pending[0][2] if self.pending else None
