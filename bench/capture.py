@@ -14,7 +14,7 @@ reader, and only then writes N row changes (60% INSERT / 40% UPDATE, transaction
 2. The client's ceiling: kafka-python, then confluent-kafka, producing N ready-made
    records the size of cdc's events (sampled from cdc's own topic) to a fresh
    3-partition topic configured like cdc's, with producer settings copied from
-   cdc/producer.py; timed until every record is acknowledged. Each runs in a child process.
+   cdc/kafka/producer.py; timed until every record is acknowledged. Each runs in a child process.
 3. cdc: `python -m cdc run` per client, from its own slot until the slot's
    confirmed_flush_lsn reaches the end of the writes (every record acknowledged).
 4. Latency: with the daemon streaming, pgbench offers a paced 2,000 single-row
@@ -66,11 +66,11 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYT
 
 from cdc.accel import native  # noqa: E402
 from cdc.config import TopicConfig  # noqa: E402
+from cdc.kafka.producer import RECORD_OVERHEAD  # noqa: E402
 from cdc.local.jars import BUNDLES  # noqa: E402
 from cdc.local.kafka import LocalKafka  # noqa: E402
 from cdc.local.postgres import LocalPostgres, find_pg_bin_dir  # noqa: E402
 from cdc.naming import topic_name  # noqa: E402
-from cdc.producer import RECORD_OVERHEAD  # noqa: E402
 
 TABLE = "bench"
 PUBLICATION = "bench_pub"
@@ -1109,7 +1109,7 @@ def recv(conn: Any, child: multiprocessing.process.BaseProcess, timeout: float) 
 
 def produce_child(conn: Any, client: str, servers: str, topic: str, values: list[bytes], rows: int) -> None:
     """Child process: produce `rows` records (values cycled from cdc's events, keys like cdc's)
-    with the library alone, configured like cdc/producer.py; time until all are acknowledged."""
+    with the library alone, configured like cdc/kafka/producer.py; time until all are acknowledged."""
     import resource
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent cleans up

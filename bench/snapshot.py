@@ -16,10 +16,10 @@ snapshot can split the table from pg_class.reltuples. Then:
    resident set (VmHWM) of the main process and of each reader process it spawns; the
    main process is reaped with wait4, whose rusage gives the CPU of the main process and
    of every reader it reaped. The record count of the topic is read from its end offsets
-   (cdc.topics.TopicAdmin.end_offsets) and must equal N.
+   (cdc.kafka.topics.TopicAdmin.end_offsets) and must equal N.
 3. The client's ceiling: kafka-python, then confluent-kafka, alone, producing N ready-made
    records sampled from the first snapshot topic (so: the snapshot events' size), acks=all,
-   idempotent, configured like cdc/producer.py: bench/capture.py's own phase, reused.
+   idempotent, configured like cdc/kafka/producer.py: bench/capture.py's own phase, reused.
    cdc(confluent) / confluent alone is the snapshot's target (0.8); cdc(confluent) / COPY
    is reported too (its 0.5 is out of reach with the broker on the same two cores).
 
@@ -68,9 +68,9 @@ from capture import (
 )
 
 from cdc.config import TopicConfig
+from cdc.kafka.topics import TopicAdmin
 from cdc.local.postgres import find_pg_bin_dir
 from cdc.naming import topic_name
-from cdc.topics import TopicAdmin
 
 FILL_CHUNK = 250_000  # rows per INSERT while filling the table
 POLL_S = 0.05  # /proc polling period while a snapshot runs

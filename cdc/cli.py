@@ -32,8 +32,8 @@ def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--config", "-c", "config_path", metavar="FILE", default=None, help=CONFIG_HELP)
     @wraps(func)
     def wrapper(config_path: str | None, **kwargs: Any) -> Any:
-        from cdc.preflight import PreflightError
-        from cdc.topics import TopicError
+        from cdc.kafka.topics import TopicError
+        from cdc.source.preflight import PreflightError
 
         try:
             config = load(config_path)
@@ -91,15 +91,25 @@ def run(config: Config) -> None:
     import psycopg
 
     from cdc.daemon import Daemon
-    from cdc.preflight import start_failure
-    from cdc.replication import ReplicationLost
+    from cdc.source.preflight import start_failure
+    from cdc.source.replication import ReplicationLost
 
     daemon = Daemon(config)
     try:
         daemon.prepare()
     except (psycopg.Error, ReplicationLost) as exc:  # what the checks cannot foresee: full slots, ...
         raise start_failure(config, exc) from None
-    sys.exit(daemon.run())
+    _run_to_the_end(daemon)
+
+
+def _run_to_the_end(daemon: Any) -> None:
+    """The daemon's loop; a fatal error is the one line it ends with, exit 1."""
+    from cdc.daemon import FatalError
+
+    try:
+        daemon.run()
+    except FatalError as exc:
+        _fail(str(exc))
 
 
 @main.command()
@@ -118,11 +128,13 @@ def snapshot(config: Config, tables: tuple[str, ...], incremental: bool) -> None
     import psycopg
 
     from cdc.daemon import Daemon
-    from cdc.preflight import start_failure
-    from cdc.replication import ReplicationLost
+    from cdc.source.preflight import start_failure
+    from cdc.source.replication import ReplicationLost
     from snapshot.request import request_incremental
 
-    if request_incremental(config, list(tables), incremental):
+    requested = request_incremental(config, list(tables), incremental)
+    if requested is not None:
+        click.echo(requested)
         return
     if config.snapshot.mode == "never":
         config.snapshot.mode = "initial"  # asked for explicitly
@@ -131,7 +143,7 @@ def snapshot(config: Config, tables: tuple[str, ...], incremental: bool) -> None
         daemon.prepare(only_tables=list(tables) or None, stop_when_done=True)
     except (psycopg.Error, ReplicationLost) as exc:
         raise start_failure(config, exc) from None
-    sys.exit(daemon.run())
+    _run_to_the_end(daemon)
 
 
 @main.command()
@@ -155,8 +167,8 @@ def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) ->
     """Print the events of TABLE's topic (TABLE as schema.table, quoted as SQL quotes it)."""
     from kafka.errors import KafkaError
 
+    from cdc.kafka.topics import ClientErrors, TopicError, connect_failure
     from cdc.naming import parse_table_pattern, topic_name
-    from cdc.topics import ClientErrors, TopicError, connect_failure
     from compaction.reader import read_topic
 
     try:
@@ -222,7 +234,7 @@ def show_config(config: Config, table: bool) -> None:
 def demo(workdir: Path | None, keep: bool) -> None:
     """Start a local PostgreSQL (logical WAL) and Apache Kafka, run the daemon, write rows, show the events."""
     setup_logging("WARNING", [])
-    from cdc.demo import run_demo
+    from cdc.local.demo import run_demo
     from cdc.local.process import ServiceUnavailable
 
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,29 +18,21 @@ from pathlib import Path
 import psycopg
 from kafka.errors import KafkaError
 
-from cdc import accel, pgoutput
-from cdc.acks import Acks
-from cdc.changes import ChangeRenderer, NoKey
+from cdc import accel
 from cdc.config import Config, TopicConfig
-from cdc.events import TRUNCATE_KEY, KeyUnavailable, Record, Txn
+from cdc.events.changes import ChangeRenderer, NoKey
+from cdc.events.records import TRUNCATE_KEY, KeyUnavailable, Record, Txn
+from cdc.kafka.acks import Acks
+from cdc.kafka.producer import Producer, ProducerError, RecordTooLarge, make_producer
+from cdc.kafka.topics import TopicAdmin, TopicError
 from cdc.metrics import Metrics
 from cdc.naming import topic_name
-from cdc.preflight import (
-    PreflightError,
-    SlotState,
-    check_server,
-    check_slot,
-    claim_slot,
-    connect_catalog,
-    ensure_publication,
-    resolve_tables,
-    slot_holder,
-    slot_state,
-    try_claim_slot,
-)
-from cdc.producer import Producer, ProducerError, RecordTooLarge, make_producer
-from cdc.redact import redact
-from cdc.replication import (
+from cdc.source import pgoutput
+from cdc.source.preflight import PreflightError, check_server, connect_catalog, resolve_tables
+from cdc.source.publication import ensure_publication
+from cdc.source.replication import (
+    KEEPALIVE,
+    XLOG_DATA,
     ReplicationConnection,
     ReplicationLost,
     format_lsn,
@@ -49,8 +40,15 @@ from cdc.replication import (
     parse_lsn,
     parse_xlogdata,
 )
-from cdc.spill import SpillStore
-from cdc.topics import TopicAdmin, TopicError
+from cdc.source.slots import (
+    SlotState,
+    check_slot,
+    claim_slot,
+    slot_holder,
+    slot_state,
+    try_claim_slot,
+)
+from cdc.source.spill import SpillStore
 from snapshot.incremental import MESSAGE_PREFIX, IncrementalSnapshots
 from snapshot.initial import InitialSnapshot, SnapshotStopped, table_events
 from snapshot.plan import SnapshotRefused, captured_names
@@ -61,7 +59,6 @@ from snapshot.tables import describe
 log = logging.getLogger(__name__)
 
 ProducerFactory = Callable[[TopicConfig, dict[str, int]], Producer]
-_W, _K, _STREAM_STOP = ord("w"), ord("k"), ord("E")
 _CHANGES = frozenset((pgoutput.Insert, pgoutput.Update, pgoutput.Delete, pgoutput.Truncate))
 
 
@@ -97,7 +94,7 @@ class Daemon:
     the topics until stopped, surviving lost connections and broker failures.
 
     `prepare()` turns every bad input into one line before anything is streamed; `run()`
-    streams. What may be confirmed to PostgreSQL is `acks.confirmed` (cdc.acks); the daemon
+    streams. What may be confirmed to PostgreSQL is `acks.confirmed` (cdc.kafka.acks); the daemon
     reconnects after a lost connection and rewinds after a producer error, never skips.
     """
 
@@ -290,25 +287,24 @@ class Daemon:
         return ReplicationConnection(self.config.source.dsn)
 
     # -- main loop ------------------------------------------------------------------------
-    def run(self) -> int:
-        """Run until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1)."""
+    def run(self) -> None:
+        """Run until SIGTERM/SIGINT, or until a fatal error, raised as FatalError once the
+        acknowledged changes are confirmed (its message is the one line for the user)."""
         self._install_signals()
         cfg = self.config
         try:
             if self._exported is not None and not self._initial_snapshot_completed():
                 self._finish(10)
-                return 0
+                return
             self._stream_until_stopped()
             if not self.stopping:
                 log.info("snapshot complete (initial_only, or cdc snapshot): stopping")
             log.info("stopping: flushing and confirming")
             self._finish(cfg.topic.delivery_timeout_ms / 1000)
-            return 0
         except _FATAL as exc:
             log.error("%s", exc)
             self._finish(10)
-            print(f"error: {redact(str(exc))}", file=sys.stderr, flush=True)
-            return 1
+            raise FatalError(str(exc)) from None
 
     def _initial_snapshot_completed(self) -> bool:
         """Take the initial snapshot; False when a signal stopped it. A database or broker
@@ -411,7 +407,7 @@ class Daemon:
             render_xlogdata = self.renderer.render_xlogdata
             for message in messages:
                 kind = message[0]
-                if kind == _W:
+                if kind == XLOG_DATA:
                     txn = self._txn
                     if render_xlogdata is not None and txn is not None and self._stream_xid is None:
                         # an insert, update or delete rendered in C; None for everything else
@@ -423,7 +419,7 @@ class Daemon:
                             continue
                     start, _, payload = parse_xlogdata(message)
                     handle(start, payload)
-                elif kind == _K:
+                elif kind == KEEPALIVE:
                     wal_end, reply = parse_keepalive(message)
                     self._server_at(wal_end)
                     if reply:
@@ -446,7 +442,7 @@ class Daemon:
 
     # -- messages -------------------------------------------------------------------------
     def _handle(self, change_lsn: int, payload: memoryview) -> None:
-        if self._stream_xid is not None and payload[0] != _STREAM_STOP:
+        if self._stream_xid is not None and payload[0] != pgoutput.STREAM_STOP:
             self.spill.append(self._stream_xid, change_lsn, payload)  # may still abort: disk, not topic
             return
         msg = self.decoder.decode(payload)
@@ -552,11 +548,8 @@ class Daemon:
         chunk's watermark: a restart from below it would resend older changes after the chunk."""
         deadline = time.monotonic() + wait_s
         while True:
-            row = self.catalog.conn.execute(
-                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                (self.config.source.slot,),
-            ).fetchone()
-            state = None if row is None or row[0] is None else self.incremental.confirmed(parse_lsn(row[0]))
+            confirmed = slot_state(self.catalog, self.config.source.slot).confirmed_flush_lsn
+            state = None if confirmed is None else self.incremental.confirmed(confirmed)
             if state is not None:
                 if self.acks.producer is not None:
                     send_state(self.acks.producer, self.config.topic.prefix, state)

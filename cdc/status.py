@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from cdc.config import Config
-from cdc.preflight import connect_catalog
-from cdc.replication import format_lsn
-from cdc.topics import TopicAdmin
+from cdc.kafka.topics import TopicAdmin
+from cdc.source.preflight import connect_catalog
+from cdc.source.replication import format_lsn
 
 _SLOT_SQL = """
 SELECT s.slot_name, s.active, s.active_pid, s.confirmed_flush_lsn::text, s.restart_lsn::text, s.wal_status,

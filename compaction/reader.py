@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cdc.config import TopicConfig
-from cdc.producer import security_settings
+from cdc.kafka.security import security_settings
 
 
 @dataclass(frozen=True, slots=True)

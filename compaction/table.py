@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from cdc.events import TRUNCATE_KEY
+from cdc.events.records import TRUNCATE_KEY
 
 Position = tuple[int, int]
 

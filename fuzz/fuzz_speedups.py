@@ -45,11 +45,12 @@ def _load_build(path: str | None) -> None:
 _load_build(os.environ.get("CDC_FUZZ_EXTENSION"))
 
 from cdc import accel  # noqa: E402
-from cdc.changes import ChangeRenderer  # noqa: E402
-from cdc.events import Column, TableEvents, Txn  # noqa: E402
-from cdc.partitioner import partition_for  # noqa: E402
-from cdc.pgoutput import DecodeError, Decoder  # noqa: E402
-from cdc.types import BUILTIN_TYPES, converter  # noqa: E402
+from cdc.events.changes import ChangeRenderer  # noqa: E402
+from cdc.events.records import Column, TableEvents, Txn  # noqa: E402
+from cdc.events.types import converter  # noqa: E402
+from cdc.kafka.partitioner import partition_for  # noqa: E402
+from cdc.source.pgoutput import DecodeError, Decoder  # noqa: E402
+from cdc.source.pgtypes import BUILTIN_TYPES  # noqa: E402
 from snapshot import copy_text  # noqa: E402
 
 if accel.speedups is None:

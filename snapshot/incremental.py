@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import orjson
 import psycopg
 
-from cdc.catalog import CapturedTable, Catalog
 from cdc.config import Config
-from cdc.events import TRUNCATE_KEY, Record, TableEvents, Txn
-from cdc.replication import format_lsn, pinned_conninfo
+from cdc.events.records import TRUNCATE_KEY, Record, TableEvents, Txn
+from cdc.source.catalog import CapturedTable, Catalog
+from cdc.source.replication import format_lsn, pinned_conninfo
 from snapshot.copy_text import parse_line
 from snapshot.initial import table_events
 from snapshot.state import Incremental, SnapshotState

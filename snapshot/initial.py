@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from cdc.acks import Acks
-from cdc.catalog import CapturedTable, Catalog
-from cdc.changes import ChangeRenderer
 from cdc.config import Config, secrets_of
-from cdc.events import TableEvents
+from cdc.events.changes import ChangeRenderer
+from cdc.events.records import TableEvents
+from cdc.kafka.acks import Acks
+from cdc.kafka.producer import make_producer
 from cdc.naming import qualified, quote_literal, topic_name
-from cdc.producer import make_producer
 from cdc.redact import setup_logging
-from cdc.replication import format_lsn, pinned_conninfo
+from cdc.source.catalog import CapturedTable, Catalog
+from cdc.source.replication import format_lsn, pinned_conninfo
 from snapshot.copy_text import parse_line
 from snapshot.progress import Progress
 from snapshot.state import SnapshotState, deliver, send_state
@@ -103,8 +103,9 @@ def import_snapshot(dsn: str, snapshot_name: str, application_name: str) -> psyc
 def table_events(catalog: Catalog, config: Config, table: SnapshotTable) -> TableEvents:
     """The same renderer the stream uses, fed the relation described from the catalog."""
     renderer = ChangeRenderer(catalog, config.topic.prefix, catalog.database(), [table.display], config.events.schemas)
-    renderer.relation(table.relation)
-    events = renderer.table(table.relation.oid)
+    captured = table.captured
+    renderer.describe(captured.oid, captured.schema, captured.table, list(table.columns))
+    events = renderer.table(captured.oid)
     assert events is not None
     return events
 
@@ -285,7 +286,7 @@ def _topic(config: Config, table: SnapshotTable) -> str:
 
 def _estimate(conn: psycopg.Connection, table: SnapshotTable) -> int:
     """pg_class.reltuples when the table was ever analyzed, else a count in the snapshot."""
-    row = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s", (table.relation.oid,)).fetchone()
+    row = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s", (table.captured.oid,)).fetchone()
     if row is not None and row[0] >= 0:
         return int(row[0])
     counted = conn.execute(f"SELECT count(*) FROM {qualified(table.captured.schema, table.captured.table)}").fetchone()

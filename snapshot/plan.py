@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cdc.catalog import CapturedTable
 from cdc.naming import parse_table_pattern
+from cdc.source.catalog import CapturedTable
 from snapshot.state import SnapshotState, state_topic
 
 

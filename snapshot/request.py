@@ -9,28 +9,18 @@ process then holds the slot's lock) it queues the tables in the durable state di
 
 from __future__ import annotations
 
-import click
-
 from cdc.config import Config
-from cdc.preflight import (
-    PreflightError,
-    check_server,
-    check_slot,
-    connect_catalog,
-    resolve_tables,
-    slot_holder,
-    slot_state,
-    try_claim_slot,
-)
-from cdc.producer import make_producer
+from cdc.kafka.producer import make_producer
+from cdc.source.preflight import PreflightError, check_server, connect_catalog, resolve_tables
+from cdc.source.slots import check_slot, slot_holder, slot_state, try_claim_slot
 from snapshot.incremental import MESSAGE_PREFIX, signal_message
 from snapshot.plan import captured_names
 from snapshot.state import Incremental, SnapshotState, deliver, load_state, send_state, state_topic
 
 
-def request_incremental(config: Config, patterns: list[str], required: bool) -> bool:
-    """True when the request went to the slot's daemon; False when there is no slot yet (the
-    caller then takes the one-shot aligned snapshot)."""
+def request_incremental(config: Config, patterns: list[str], required: bool) -> str | None:
+    """What was requested of the slot's daemon, for the user; None when there is no slot yet
+    (the caller then takes the one-shot aligned snapshot)."""
     slot = config.source.slot
     catalog = connect_catalog(config)
     try:
@@ -42,7 +32,7 @@ def request_incremental(config: Config, patterns: list[str], required: bool) -> 
                     f"slot {slot} does not exist, so no daemon can take an incremental snapshot: run cdc snapshot "
                     "without --incremental for the aligned initial snapshot, or cdc run"
                 )
-            return False
+            return None
         if found.wal_status == "lost":
             check_slot(catalog, config)  # fails with the recovery steps
         tables = resolve_tables(catalog, config)
@@ -79,8 +69,7 @@ def request_incremental(config: Config, patterns: list[str], required: bool) -> 
     who = f"slot {slot}'s daemon, which is not running: it takes the snapshot when cdc run starts" if daemon_stopped else (
         f"the daemon streaming from slot {slot}"
     )
-    click.echo(f"requested an incremental snapshot of {', '.join(names)} from {who}")
-    return True
+    return f"requested an incremental snapshot of {', '.join(names)} from {who}"
 
 
 

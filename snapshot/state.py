@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import orjson
 
 from cdc.config import Config
-from cdc.producer import Producer, ProducerError
+from cdc.kafka.producer import Producer, ProducerError
 
 STATE_SUFFIX = "__cdc_state"
 

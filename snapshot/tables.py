@@ -1,8 +1,8 @@
 """What a snapshot reads from one table, and the SQL that reads it.
 
 The columns are the ones pgoutput publishes (in attribute order, no dropped or generated
-columns), described as a pgoutput Relation so snapshot rows are rendered by the very code
-that renders streamed changes: same converters, same key bytes, same envelope.
+columns), described in the renderer's own terms so snapshot rows are rendered by the very
+code that renders streamed changes: same converters, same key bytes, same envelope.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import psycopg
 
-from cdc import pgoutput
-from cdc.catalog import CapturedTable
+from cdc.events.changes import ColumnDef
 from cdc.naming import qualified, quote_ident, quote_literal
+from cdc.source.catalog import CapturedTable
 
 _COLUMNS_SQL = """
 SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod)
@@ -26,7 +26,7 @@ ORDER BY a.attnum
 @dataclass(frozen=True)
 class SnapshotTable:
     captured: CapturedTable
-    relation: pgoutput.Relation
+    columns: tuple[ColumnDef, ...]
     key_types: tuple[str, ...]  # format_type of each key column, for typed range literals
 
     @property
@@ -35,12 +35,12 @@ class SnapshotTable:
 
     @property
     def key_indexes(self) -> list[int]:
-        names = [c.name for c in self.relation.columns]
+        names = [c.name for c in self.columns]
         return [names.index(k) for k in self.captured.key_columns]
 
     def copy_sql(self, after: list[str] | None = None, upto: list[str] | None = None, limit: int | None = None) -> str:
         """COPY of the rows with after < key <= upto (either bound optional), in key order when limited."""
-        columns = ", ".join(quote_ident(c.name) for c in self.relation.columns)
+        columns = ", ".join(quote_ident(c.name) for c in self.columns)
         sql = f"SELECT {columns} FROM {qualified(self.captured.schema, self.captured.table)}"
         conditions = []
         if after is not None:
@@ -71,7 +71,6 @@ def describe(conn: psycopg.Connection, captured: CapturedTable) -> SnapshotTable
     """Preflight already refused tables without a key, which no snapshot could order or resume by."""
     rows = conn.execute(_COLUMNS_SQL, (captured.oid,)).fetchall()
     keys = set(captured.key_columns)
-    columns = [pgoutput.Column(1 if name in keys else 0, name, type_oid, typmod) for name, type_oid, typmod, _ in rows]
+    columns = tuple(ColumnDef(name, type_oid, typmod, name in keys) for name, type_oid, typmod, _ in rows)
     types = {name: shown for name, _, _, shown in rows}
-    relation = pgoutput.Relation(None, captured.oid, captured.schema, captured.table, captured.replica_identity, columns)
-    return SnapshotTable(captured, relation, tuple(types[k] for k in captured.key_columns))
+    return SnapshotTable(captured, columns, tuple(types[k] for k in captured.key_columns))

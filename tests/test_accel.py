@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cdc import accel, partitioner
-from cdc.events import Column, TableEvents
-from cdc.pgoutput import Decoder
+from cdc import accel
+from cdc.events.records import Column, TableEvents
+from cdc.kafka import partitioner
+from cdc.source.pgoutput import Decoder
 from snapshot import copy_text
 
 

@@ -1,4 +1,4 @@
-"""The acknowledgement core (cdc.acks) without servers: a fake producer acknowledges and
+"""The acknowledgement core (cdc.kafka.acks) without servers: a fake producer acknowledges and
 fails records the way Kafka clients report them (in send order per partition), and the
 confirmed LSN must never pass a record the broker did not acknowledge."""
 
@@ -9,14 +9,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from cdc.acks import Acks
-from cdc.producer import RECORD_OVERHEAD, Mark, ProducerError, RecordTooLarge
+from cdc.kafka.acks import Acks
+from cdc.kafka.producer import RECORD_OVERHEAD, Mark, ProducerError, RecordTooLarge
 
 TOPIC = "p.public.t"
 
 
 class FakeProducer:
-    """Counts per (topic, partition) like cdc.producer's clients; the test decides which records
+    """Counts per (topic, partition) like cdc.kafka.producer's clients; the test decides which records
     complete. A failed record counts as done but poisons every later `reached`, as
     kafka-python reports it (confluent-kafka does not count it: stricter still)."""
 

@@ -25,7 +25,7 @@ from cdc.local.kafka import LocalKafka
 from cdc.local.postgres import LocalPostgres
 from cdc.local.process import free_port
 from cdc.naming import topic_name
-from cdc.replication import ReplicationConnection
+from cdc.source.replication import ReplicationConnection
 from compaction.reader import read_topic
 from compaction.table import payload_of
 from tests.support import (
@@ -1010,7 +1010,7 @@ def test_broker_protocol_mistakes_say_what_failed(topic, expected, db, config_fo
 @pytest.mark.parametrize("skipped", ["t", "none"])
 def test_skipped_operations_truncate(skipped, db, run_daemon, broker_servers, topic_prefix):
     """`[events] skipped_operations = "t"`: no `t` event reaches the topic; "none": the event as always."""
-    from cdc.events import TRUNCATE_KEY
+    from cdc.events.records import TRUNCATE_KEY
 
     db.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
     daemon, slot = run_daemon(["public.t"], events={"skipped_operations": skipped})

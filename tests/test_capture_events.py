@@ -7,7 +7,7 @@ import urllib.request
 
 import orjson
 
-from cdc.events import TRUNCATE_KEY
+from cdc.events.records import TRUNCATE_KEY
 from cdc.naming import topic_name
 from compaction.table import position_of
 from tests.support import (

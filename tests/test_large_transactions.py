@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from cdc.config import TopicConfig
+from cdc.kafka.topics import TopicAdmin
 from cdc.naming import topic_name
-from cdc.topics import TopicAdmin
 from tests.support import (
     DaemonProcess,
     peak_rss_mb,

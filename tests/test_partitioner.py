@@ -8,8 +8,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from cdc import accel, partitioner
-from cdc.partitioner import murmur2, partition_for
+from cdc import accel
+from cdc.kafka import partitioner
+from cdc.kafka.partitioner import murmur2, partition_for
 
 
 @pytest.fixture(params=["c", "python"])

@@ -1,4 +1,4 @@
-"""Tests for cdc.pgoutput: round trips through an independent encoder, plus real bytes.
+"""Tests for cdc.source.pgoutput: round trips through an independent encoder, plus real bytes.
 
 The encoder below is written from the "Logical Replication Message Formats" section of
 the PostgreSQL manual, not from the decoder, so a shared misreading is less likely.
@@ -18,8 +18,7 @@ import timeit
 import pytest
 
 from cdc import accel
-from cdc.pgoutput import (
-    UNCHANGED,
+from cdc.source.pgoutput import (
     Begin,
     Column,
     Commit,
@@ -38,6 +37,7 @@ from cdc.pgoutput import (
     Type,
     Update,
 )
+from cdc.toast import UNCHANGED
 
 PG_EPOCH_US = 946_684_800_000_000
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cdc.config import TopicConfig
-from cdc.partitioner import partition_for
-from cdc.producer import make_producer
-from cdc.topics import TopicAdmin
+from cdc.kafka.partitioner import partition_for
+from cdc.kafka.producer import make_producer
+from cdc.kafka.topics import TopicAdmin
 from compaction.reader import read_topic
 
 

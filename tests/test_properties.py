@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc import accel
+from cdc.events.types import converter, field_schema
 from cdc.naming import (
     IDENTIFIER_MAX_BYTES,
     TablePattern,
@@ -30,7 +31,7 @@ from cdc.naming import (
     topic_name,
     validate_prefix,
 )
-from cdc.pgoutput import (
+from cdc.source.pgoutput import (
     UNCHANGED,
     Begin,
     Column,
@@ -50,7 +51,7 @@ from cdc.pgoutput import (
     Type,
     Update,
 )
-from cdc.types import BUILTIN_TYPES, converter, field_schema
+from cdc.source.pgtypes import BUILTIN_TYPES
 from tests.test_pgoutput import encode
 
 PATHS = ["c", "python"]

@@ -18,9 +18,9 @@ import pytest
 
 from cdc import config as cdc_config
 from cdc.config import TopicConfig
-from cdc.events import TRUNCATE_KEY
+from cdc.events.records import TRUNCATE_KEY
 from cdc.naming import topic_name
-from cdc.replication import parse_lsn
+from cdc.source.replication import parse_lsn
 from compaction.reader import TopicRecord, read_topic
 from compaction.table import TopicTable, build, payload_of, position_of
 from snapshot.state import SnapshotState, load_state, state_topic
@@ -201,7 +201,7 @@ def slot_creation_waits(db) -> bool:
 
 def topic_size(servers: str, prefix: str, schema: str, table: str) -> int:
     """Records in the table's topic so far (sum of the partitions' end offsets)."""
-    from cdc.topics import TopicAdmin
+    from cdc.kafka.topics import TopicAdmin
 
     admin = TopicAdmin(TopicConfig(bootstrap_servers=servers))
     try:

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from cdc import pgoutput
-from cdc.catalog import CapturedTable
-from cdc.events import TRUNCATE_KEY, Column, Record, TableEvents, Txn
+from cdc.events.changes import ColumnDef
+from cdc.events.records import TRUNCATE_KEY, Column, Record, TableEvents, Txn
+from cdc.source.catalog import CapturedTable
 from snapshot.copy_text import parse_line
 from snapshot.incremental import (
     MESSAGE_PREFIX,
@@ -844,15 +844,7 @@ def _snapshot_table(
     captured: CapturedTable, columns: list[str], key_types: tuple[str, ...]
 ) -> SnapshotTable:
     keys = set(captured.key_columns)
-    relation = pgoutput.Relation(
-        None,
-        captured.oid,
-        captured.schema,
-        captured.table,
-        captured.replica_identity,
-        [pgoutput.Column(1 if c in keys else 0, c, 25, -1) for c in columns],
-    )
-    return SnapshotTable(captured, relation, key_types)
+    return SnapshotTable(captured, tuple(ColumnDef(c, 25, -1, c in keys) for c in columns), key_types)
 
 
 SINGLE = _snapshot_table(_captured("public", "orders"), ["id", "customer", "total"], ("integer",))

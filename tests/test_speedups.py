@@ -23,10 +23,12 @@ import orjson
 import pytest
 
 from cdc import accel
-from cdc.changes import ChangeRenderer
-from cdc.events import Column, Record, TableEvents, Txn
-from cdc.pgoutput import UNCHANGED, DecodeError, Decoder
-from cdc.types import BUILTIN_TYPES, NATIVE_KINDS, converter
+from cdc.events.changes import ChangeRenderer
+from cdc.events.records import Column, Record, TableEvents, Txn
+from cdc.events.types import NATIVE_KINDS, converter
+from cdc.source.pgoutput import DecodeError, Decoder
+from cdc.source.pgtypes import BUILTIN_TYPES
+from cdc.toast import UNCHANGED
 from snapshot import copy_text
 
 # (type name, typmod, texts as PostgreSQL 15 prints them under the pinned session settings)

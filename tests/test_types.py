@@ -1,7 +1,7 @@
-"""Tests for cdc.types: PostgreSQL text values -> Debezium JSON values and Connect schemas.
+"""Tests for cdc.events.types: PostgreSQL text values -> Debezium JSON values and Connect schemas.
 
 Every input literal below is PostgreSQL 15's real text output, observed under the pinned
-session settings (cdc.session). Expected values were computed independently of the code
+session settings (cdc.source.session). Expected values were computed independently of the code
 under test: by PostgreSQL itself (``d - '1970-01-01'``, ``extract(epoch ...)``,
 ``... at time zone 'UTC'``), with ``datetime``/``base64``, or by hand. No database needed.
 """
@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from cdc import types as T
-from cdc.types import BUILTIN_TYPES, PASSTHROUGH, PgType, converter, field_schema, load_type
+from cdc.events import types as T
+from cdc.events.types import PASSTHROUGH, converter, field_schema
+from cdc.source.pgtypes import BUILTIN_TYPES, PgType, load_type
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)

@@ -14,8 +14,9 @@ import logging
 from collections import deque
 from typing import Protocol
 
-from cdc import partitioner
 from cdc.config import TopicConfig
+from cdc.kafka import partitioner
+from cdc.kafka.security import librdkafka_security, security_settings
 
 log = logging.getLogger(__name__)
 
@@ -111,19 +112,6 @@ class _Counts:
         return self.total_sent - self.total_acked
 
 
-def security_settings(config: TopicConfig) -> dict[str, str]:
-    """kafka-python style security keyword arguments from `[topic]` (shared with the admin client)."""
-    out: dict[str, str] = {"security_protocol": config.security_protocol}
-    if config.sasl_mechanism:
-        out["sasl_mechanism"] = config.sasl_mechanism
-        out["sasl_plain_username"] = config.sasl_username
-        out["sasl_plain_password"] = config.sasl_password
-    for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-        if getattr(config, key):
-            out[key] = getattr(config, key)
-    return out
-
-
 class KafkaPythonProducer(_Counts):
     """kafka-python, partitions chosen here so every client agrees (murmur2 on the key bytes)."""
 
@@ -214,24 +202,9 @@ class ConfluentProducer(_Counts):
             "message.max.bytes": max(config.max_message_bytes + RECORD_OVERHEAD, config.batch_size),
             "delivery.timeout.ms": config.delivery_timeout_ms,
             "queue.buffering.max.messages": 1000000,
-            "security.protocol": config.security_protocol,
             "on_delivery": self._delivered,  # one callback for every record: none passed per send
+            **librdkafka_security(config),
         }
-        if config.sasl_mechanism:
-            settings.update(
-                {
-                    "sasl.mechanism": config.sasl_mechanism,
-                    "sasl.username": config.sasl_username,
-                    "sasl.password": config.sasl_password,
-                }
-            )
-        for ours, theirs in (
-            ("ssl_cafile", "ssl.ca.location"),
-            ("ssl_certfile", "ssl.certificate.location"),
-            ("ssl_keyfile", "ssl.key.location"),
-        ):
-            if getattr(config, ours):
-                settings[theirs] = getattr(config, ours)
         self._producer = _Producer(settings, logger=log)
         self._produce = self._producer.produce
         self._poll = self._producer.poll

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cdc.config import TopicConfig
-from cdc.producer import security_settings
+from cdc.kafka.security import security_settings
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,10 @@ from types import ModuleType
 from typing import Final
 
 from cdc import accel
+from cdc.toast import UNCHANGED, Unchanged
 
 __all__ = [
-    "UNCHANGED",
+    "STREAM_STOP",
     "Begin",
     "Column",
     "Commit",
@@ -56,36 +57,25 @@ __all__ = [
     "TupleValue",
     "Type",
     "Update",
+    "streamed_xid",
 ]
 
 # Microseconds between the UNIX epoch and the PostgreSQL epoch (2000-01-01 UTC).
 PG_EPOCH_OFFSET_US: Final = 946_684_800_000_000
 
 
-class _Unchanged:
-    """Type of ``UNCHANGED``: a TOASTed value the server did not resend ('u')."""
 
-    __slots__ = ()
-    _instance: _Unchanged | None = None
-
-    def __new__(cls) -> _Unchanged:
-        # A singleton so that ``value is UNCHANGED`` holds everywhere.
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "UNCHANGED"
-
-    def __reduce__(self) -> str:
-        # Pickle/copy by name, so identity survives spilling to disk and deepcopy.
-        return "UNCHANGED"
-
-
-UNCHANGED: Final = _Unchanged()
-
-TupleValue = str | bytes | _Unchanged | None
+TupleValue = str | bytes | Unchanged | None
 """One TupleData column: None ('n'), UNCHANGED ('u'), str ('t', UTF-8 text) or bytes ('b')."""
+
+STREAM_STOP: Final = ord("E")  # the message that ends a block of a streamed transaction
+_WITH_XID_WHEN_STREAMED: Final = frozenset(b"RYIUDTM")  # these carry their (sub)xid in a stream
+_XID = struct.Struct("!I")
+
+
+def streamed_xid(payload: memoryview | bytes, xid: int) -> int:
+    """The (sub)transaction a message inside a streamed block belongs to (proto v2), else `xid`."""
+    return _XID.unpack_from(payload, 1)[0] if payload[0] in _WITH_XID_WHEN_STREAMED else xid
 
 
 class DecodeError(Exception):

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from cdc.source.pgoutput import streamed_xid
+
 _HEADER = struct.Struct("!QII")  # change LSN, (sub)transaction xid, payload length
-_XID = struct.Struct("!I")
 # Data messages carry their (sub)transaction xid right after the type byte inside a stream.
-_HAS_XID = frozenset(b"RYIUDTM")
 
 
 class SpillStore:
@@ -42,8 +42,7 @@ class SpillStore:
         f = self._files.get(xid)
         if f is None:
             f = self._files[xid] = open(self.directory / f"{xid}.spill", "wb")  # noqa: SIM115 (kept open)
-        sub = _XID.unpack_from(payload, 1)[0] if payload[0] in _HAS_XID else xid
-        f.write(_HEADER.pack(change_lsn, sub, len(payload)))
+        f.write(_HEADER.pack(change_lsn, streamed_xid(payload, xid), len(payload)))
         f.write(payload)
 
     def abort(self, xid: int, subxid: int) -> None:

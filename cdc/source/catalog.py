@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import psycopg
 
 from cdc.naming import TablePattern, parse_table_pattern
-from cdc.replication import pinned_conninfo
-from cdc.types import PgType, load_type
+from cdc.source.pgtypes import PgType, load_type
+from cdc.source.replication import pinned_conninfo
 
 
 @dataclass(frozen=True)

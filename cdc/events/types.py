@@ -1,7 +1,7 @@
 """PostgreSQL text values -> Debezium JSON values, and their Kafka Connect field schemas.
 
 Values reach us as PostgreSQL's *text output* (pgoutput text format, or COPY/SELECT text
-in snapshots), always rendered under the pinned session settings of ``cdc.session``
+in snapshots), always rendered under the pinned session settings of ``cdc.source.session``
 (TimeZone=UTC, DateStyle='ISO, MDY', IntervalStyle=iso_8601, extra_float_digits=3,
 bytea_output=hex, lc_monetary=C). Because the text is pinned, parsing it is exact and the
 same row always yields the same JSON bytes, which compaction depends on.
@@ -10,86 +10,8 @@ same row always yields the same JSON bytes, which compaction depends on.
 called per value on the hot path, so all dispatch happens up front and the closures use
 slicing/``split`` rather than regexes or ``datetime``. NULL never reaches a converter.
 
-The mapping follows the Debezium PostgreSQL connector with its default settings
-(time.precision.mode=adaptive, binary.handling.mode=bytes, interval.handling.mode=numeric,
-hstore.handling.mode=json), except decimal.handling.mode=string, which this project uses
-by default. "Connect type" is the JsonConverter schema type name.
-
-=========================  =====================================  =================================
-PostgreSQL type            JSON value                             Connect type / name
-=========================  =====================================  =================================
-bool                       true/false                             boolean
-int2 / int4                number                                 int16 / int32
-int8, oid                  number                                 int64
-float4 / float8            number; "NaN", "Infinity", "-Infinity" float / double
-numeric                    string as PostgreSQL prints it         string
-money                      "1234.56", "-5.00"                     string
-text, varchar, bpchar,     string unchanged                       string
-name, "char", citext
-uuid                       string                                 string io.debezium.data.Uuid
-json, jsonb                string unchanged                       string io.debezium.data.Json
-xml                        string                                 string io.debezium.data.Xml
-ltree                      string                                 string io.debezium.data.Ltree
-hstore                     JSON object as a string                string io.debezium.data.Json
-enum                       string                                 string io.debezium.data.Enum
-                                                                  (parameters.allowed)
-inet, cidr, macaddr(8),    string unchanged                       string
-tsvector, tsquery, ranges,
-multiranges, others
-bytea                      base64 string                          bytes
-bit(1), varbit(1)          true/false                             boolean
-bit(n>1), varbit           base64 of little-endian bytes          bytes io.debezium.data.Bits
-                                                                  (parameters.length)
-date                       days since 1970-01-01                  int32 io.debezium.time.Date
-time(0-3)                  ms past midnight                       int32 io.debezium.time.Time
-time, time(4-6)            µs past midnight                       int64 io.debezium.time.MicroTime
-timestamp(0-3)             ms since epoch                         int64 io.debezium.time.Timestamp
-timestamp, timestamp(4-6)  µs since epoch                         int64 io.debezium.time.MicroTimestamp
-timestamptz                "2024-01-02T03:04:05.12Z"              string io.debezium.time.ZonedTimestamp
-timetz                     "03:04:05.12Z" (shifted to UTC)        string io.debezium.time.ZonedTime
-interval                   µs, month = 30.4375 days               int64 io.debezium.time.MicroDuration
-point                      {"x","y","wkb","srid"}                 struct io.debezium.data.geometry.Point
-arrays                     list (nested lists for multi-dim)      array of the element schema
-domain                     as its base type (domain typmod)       as its base type
-composite, unknown         string unchanged                       string
-=========================  =====================================  =================================
-
-Special values, as Debezium emits them:
-
-- timestamp ``infinity``/``-infinity``: µs 9223372036825200000 / -9223372036832400000, ms
-  9223372036825200 / -9223372036832400 (PGStatement.DATE_POSITIVE/NEGATIVE_INFINITY read
-  as microseconds, per the Debezium docs).
-- timestamptz ``infinity``/``-infinity``: the strings "infinity" / "-infinity".
-- date ``infinity``/``-infinity``: -2147472692 / -2147472691 (the epoch days of the
-  LocalDates -5877611-06-21 / -22 that Debezium substitutes; yes, +infinity sorts first).
-- time ``24:00:00``: 86400000000 µs (86400000 ms); timetz ``24:00:00+00`` -> "24:00:00Z".
-
-Deliberate deviations from Debezium:
-
-- numeric: the string as PostgreSQL prints it. Debezium's string mode uses Java's
-  ``BigDecimal.toString()``, which gives "1E-8" for 0.00000001 and "NAN",
-  "POSITIVE_INFINITY", "NEGATIVE_INFINITY" for the special values; we print "0.00000001",
-  "NaN", "Infinity", "-Infinity". (Debezium's own default mode is ``precise``.)
-- timestamptz: the fraction is printed only as far as needed (Java ``ISO_OFFSET_DATE_TIME``,
-  Debezium <= 2.1). Debezium >= 2.2 pads the fraction to the column's precision
-  (e.g. always 6 digits for plain timestamptz).
-- interval: exact integer arithmetic (month = 2629800 s); Debezium computes in double and
-  may be off by a microsecond or so on large intervals. Results beyond int64 saturate to
-  the int64 bounds as Java's double->long cast does; PostgreSQL 17's interval
-  ``infinity``/``-infinity`` map to the int64 max/min.
-- timestamp µs/ms values beyond int64 (years past ~294247) saturate to the int64 bounds.
-- hstore: keys keep PostgreSQL's (deterministic) output order; Debezium's follow Java
-  HashMap iteration order. Control characters are escaped the Python way (``\\u001f``
-  lowercase hex) where Jackson uses uppercase hex.
-- bit(n>1)/varbit: sized by the highest set bit, little-endian (an all-zero value gives
-  zero bytes) - this is what Debezium's converter emits, although its docs say bit(n)
-  values are sized to n bits.
-- arrays: every element type is supported (Debezium drops e.g. money[], interval[],
-  varbit[], xml[], point[], name[]); multi-dimensional arrays become nested lists although
-  the schema stays one level deep (as Debezium's); array ``items`` are always optional.
-- composite, box, circle, line, lseg, path, polygon and any other type Debezium drops
-  (include.unknown.datatypes=false) or emits differently: the PostgreSQL text, as string.
-- tsvector: plain string (Debezium 3.x names it io.debezium.data.TsVector).
+The mapping (Debezium's PostgreSQL connector, decimal.handling.mode=string), its special
+values and every place it differs from Debezium: the README's type table, the one copy.
 """
 
 from __future__ import annotations
@@ -98,21 +20,17 @@ import binascii
 import json
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import psycopg
+from cdc.source.pgtypes import BUILTIN_TYPES, PgType
 
 __all__ = [
-    "BUILTIN_TYPES",
     "NATIVE_KINDS",
     "PASSTHROUGH",
     "Converter",
-    "PgType",
     "converter",
     "days_from_civil",
     "field_schema",
-    "load_type",
 ]
 
 Converter = Callable[[str], Any]
@@ -121,153 +39,6 @@ Converter = Callable[[str], Any]
 #: exact ``str`` argument itself, so it is the cheapest possible call; callers may also test
 #: ``conv is PASSTHROUGH`` and skip the call entirely.
 PASSTHROUGH: Converter = str
-
-
-@dataclass(frozen=True, slots=True)
-class PgType:
-    """One pg_type row, resolved recursively (array element, domain base).
-
-    ``labels`` holds an enum's labels in sort order (for the Enum schema's ``allowed``).
-    """
-
-    oid: int
-    name: str
-    kind: str
-    element: PgType | None = None
-    base: PgType | None = None
-    base_typmod: int = -1
-    labels: tuple[str, ...] = ()
-
-
-# --------------------------------------------------------------------------- builtins
-
-# (oid, typname, typtype, array oid): pg_catalog types as of PostgreSQL 15 that a user
-# column can have. Types with a typelem that are not arrays (name, point, int2vector, ...)
-# are deliberately not given an element: their text is not in array syntax.
-_BUILTIN_ROWS: tuple[tuple[int, str, str, int], ...] = (
-    (16, "bool", "b", 1000),
-    (17, "bytea", "b", 1001),
-    (18, "char", "b", 1002),
-    (19, "name", "b", 1003),
-    (20, "int8", "b", 1016),
-    (21, "int2", "b", 1005),
-    (22, "int2vector", "b", 1006),
-    (23, "int4", "b", 1007),
-    (24, "regproc", "b", 1008),
-    (25, "text", "b", 1009),
-    (26, "oid", "b", 1028),
-    (27, "tid", "b", 1010),
-    (28, "xid", "b", 1011),
-    (29, "cid", "b", 1012),
-    (30, "oidvector", "b", 1013),
-    (114, "json", "b", 199),
-    (142, "xml", "b", 143),
-    (600, "point", "b", 1017),
-    (601, "lseg", "b", 1018),
-    (602, "path", "b", 1019),
-    (603, "box", "b", 1020),
-    (604, "polygon", "b", 1027),
-    (628, "line", "b", 629),
-    (650, "cidr", "b", 651),
-    (700, "float4", "b", 1021),
-    (701, "float8", "b", 1022),
-    (718, "circle", "b", 719),
-    (774, "macaddr8", "b", 775),
-    (790, "money", "b", 791),
-    (829, "macaddr", "b", 1040),
-    (869, "inet", "b", 1041),
-    (1033, "aclitem", "b", 1034),
-    (1042, "bpchar", "b", 1014),
-    (1043, "varchar", "b", 1015),
-    (1082, "date", "b", 1182),
-    (1083, "time", "b", 1183),
-    (1114, "timestamp", "b", 1115),
-    (1184, "timestamptz", "b", 1185),
-    (1186, "interval", "b", 1187),
-    (1266, "timetz", "b", 1270),
-    (1560, "bit", "b", 1561),
-    (1562, "varbit", "b", 1563),
-    (1700, "numeric", "b", 1231),
-    (1790, "refcursor", "b", 2201),
-    (2202, "regprocedure", "b", 2207),
-    (2203, "regoper", "b", 2208),
-    (2204, "regoperator", "b", 2209),
-    (2205, "regclass", "b", 2210),
-    (2206, "regtype", "b", 2211),
-    (2950, "uuid", "b", 2951),
-    (2970, "txid_snapshot", "b", 2949),
-    (3220, "pg_lsn", "b", 3221),
-    (3614, "tsvector", "b", 3643),
-    (3615, "tsquery", "b", 3645),
-    (3734, "regconfig", "b", 3735),
-    (3769, "regdictionary", "b", 3770),
-    (3802, "jsonb", "b", 3807),
-    (3904, "int4range", "r", 3905),
-    (3906, "numrange", "r", 3907),
-    (3908, "tsrange", "r", 3909),
-    (3910, "tstzrange", "r", 3911),
-    (3912, "daterange", "r", 3913),
-    (3926, "int8range", "r", 3927),
-    (4072, "jsonpath", "b", 4073),
-    (4089, "regnamespace", "b", 4090),
-    (4096, "regrole", "b", 4097),
-    (4191, "regcollation", "b", 4192),
-    (4451, "int4multirange", "m", 6150),
-    (4532, "nummultirange", "m", 6151),
-    (4533, "tsmultirange", "m", 6152),
-    (4534, "tstzmultirange", "m", 6153),
-    (4535, "datemultirange", "m", 6155),
-    (4536, "int8multirange", "m", 6157),
-    (5038, "pg_snapshot", "b", 5039),
-    (5069, "xid8", "b", 271),
-)
-
-
-def _build_builtins() -> dict[int, PgType]:
-    out: dict[int, PgType] = {}
-    for oid, name, kind, array_oid in _BUILTIN_ROWS:
-        scalar = PgType(oid, name, kind)
-        out[oid] = scalar
-        out[array_oid] = PgType(array_oid, "_" + name, "b", element=scalar)
-    return out
-
-
-BUILTIN_TYPES: dict[int, PgType] = _build_builtins()
-
-_TYPE_QUERY = """
-SELECT t.typname, t.typtype, t.typelem, t.typbasetype, t.typtypmod,
-       (t.typelem <> 0 AND e.typarray = t.oid) AS is_array
-FROM pg_catalog.pg_type t
-LEFT JOIN pg_catalog.pg_type e ON e.oid = t.typelem
-WHERE t.oid = %s
-"""
-_ENUM_QUERY = "SELECT enumlabel FROM pg_catalog.pg_enum WHERE enumtypid = %s ORDER BY enumsortorder"
-
-
-def load_type(conn: psycopg.Connection, oid: int) -> PgType:
-    """Resolve any type oid, recursing into array elements and domain bases.
-
-    Builtins come from ``BUILTIN_TYPES`` without a query. Others run plain SELECTs on
-    ``conn``; outside autocommit the caller owns the transaction this opens. Raises
-    ``LookupError`` for an oid that pg_type does not know.
-    """
-    known = BUILTIN_TYPES.get(oid)
-    if known is not None:
-        return known
-    row = conn.execute(_TYPE_QUERY, (oid,)).fetchone()
-    if row is None:
-        raise LookupError(f"type oid {oid} not found in pg_type")
-    name, kind, elem, basetype, typmod, is_array = row
-    if isinstance(kind, bytes):  # "char" columns may load as bytes depending on adapters
-        kind = kind.decode()
-    if kind == "d":
-        return PgType(oid, name, kind, base=load_type(conn, basetype), base_typmod=typmod)
-    if kind == "e":
-        labels = tuple(r[0] for r in conn.execute(_ENUM_QUERY, (oid,)).fetchall())
-        return PgType(oid, name, kind, labels=labels)
-    if is_array:
-        return PgType(oid, name, kind, element=load_type(conn, elem))
-    return PgType(oid, name, kind)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -15,10 +15,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
-from cdc.producer import RECORD_OVERHEAD, Mark, Producer, RecordTooLarge
+from cdc.kafka.producer import RECORD_OVERHEAD, Mark, Producer, RecordTooLarge
 
 NO_LIMIT = 1 << 62  # a topic without a known max.message.bytes
-# (topic, key, value, table): cdc.events.Record, or a plain tuple from the C renderer
+# (topic, key, value, table): cdc.events.records.Record, or a plain tuple from the C renderer
 Outgoing = tuple[str, bytes, bytes | None, str]
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
+from typing import NamedTuple
 
-from cdc import accel, pgoutput
-from cdc.catalog import Catalog
-from cdc.events import (
+from cdc import accel
+from cdc.events.records import (
     TOAST_PLACEHOLDER,
     TOAST_PLACEHOLDER_BYTES,
     TRUNCATE_KEY,
@@ -23,14 +23,25 @@ from cdc.events import (
     TableEvents,
     Txn,
 )
+from cdc.events.types import converter, field_schema
 from cdc.naming import TablePattern, parse_table_pattern, topic_name
-from cdc.types import converter, field_schema
+from cdc.source import pgoutput
+from cdc.source.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
 
 class NoKey(Exception):
     """A captured table has neither a primary key nor a usable replica identity."""
+
+
+class ColumnDef(NamedTuple):
+    """One column of a table's shape: what a Relation message says of it."""
+
+    name: str
+    type_oid: int
+    type_modifier: int
+    key: bool
 
 
 class ChangeRenderer:
@@ -65,16 +76,23 @@ class ChangeRenderer:
         self.lanes.clear()
 
     def relation(self, msg: pgoutput.Relation) -> None:
-        self.lanes.pop(msg.oid, None)
-        if not any(p.matches(msg.namespace, msg.name) for p in self.patterns):
-            self.tables[msg.oid] = None
+        """A Relation message of the stream: how that table's rows look from here on."""
+        columns = [ColumnDef(c.name, c.type_oid, c.type_modifier, bool(c.flags & 1)) for c in msg.columns]
+        self.describe(msg.oid, msg.namespace, msg.name, columns)
+
+    def describe(self, oid: int, schema: str, table: str, columns: list[ColumnDef]) -> None:
+        """A table's shape, from a Relation message or (for snapshots) from the catalog;
+        `key` marks the replica identity columns PostgreSQL would send."""
+        self.lanes.pop(oid, None)
+        if not any(p.matches(schema, table) for p in self.patterns):
+            self.tables[oid] = None
             return
-        display = str(TablePattern(msg.namespace, msg.name))
-        described = self.catalog.table_by_oid(msg.oid)
-        names = [c.name for c in msg.columns]
+        display = str(TablePattern(schema, table))
+        described = self.catalog.table_by_oid(oid)
+        names = [c.name for c in columns]
         key_names = list(described.key_columns) if described else []
         if not key_names or not set(key_names) <= set(names):
-            key_names = [c.name for c in msg.columns if c.flags & 1]  # the replica identity PostgreSQL sent
+            key_names = [c.name for c in columns if c.key]  # the replica identity PostgreSQL sent
             if described is not None and described.replica_identity == "f":
                 key_names = []
         if not key_names:
@@ -83,10 +101,10 @@ class ChangeRenderer:
                 f"ALTER TABLE {display} REPLICA IDENTITY USING INDEX <unique index>"
             )
         not_null = set(key_names)
-        columns = []
-        for col in msg.columns:
+        rendered = []
+        for col in columns:
             pgtype = self.catalog.pg_type(col.type_oid)
-            columns.append(
+            rendered.append(
                 Column(
                     name=col.name,
                     convert=converter(pgtype, col.type_modifier),
@@ -94,18 +112,18 @@ class ChangeRenderer:
                     schema=field_schema(pgtype, col.type_modifier, col.name, col.name not in not_null),
                 )
             )
-        events = self.tables[msg.oid] = TableEvents(
+        events = self.tables[oid] = TableEvents(
             prefix=self.prefix,
             database=self.database,
-            schema=msg.namespace,
-            table=msg.name,
-            topic=topic_name(self.prefix, msg.namespace, msg.name),
-            columns=columns,
+            schema=schema,
+            table=table,
+            topic=topic_name(self.prefix, schema, table),
+            columns=rendered,
             key_indexes=[names.index(k) for k in key_names],
             with_schemas=self.with_schemas,
         )
         if events.lane is not None and self.render_xlogdata is not None:
-            self.lanes[msg.oid] = events.lane
+            self.lanes[oid] = events.lane
         log.debug("relation %s: columns %s, key %s", display, names, key_names)
 
     def table(self, oid: int) -> TableEvents | None:

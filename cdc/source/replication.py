@@ -2,7 +2,7 @@
 
 psycopg 3 has no replication API, but `replication=database` connections accept the
 walsender commands and libpq's COPY_BOTH mode carries the stream both ways. The
-walsender renders values, so the connection pins the session settings (cdc.session).
+walsender renders values, so the connection pins the session settings (cdc.source.session).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cdc.naming import quote_ident, quote_literal
-from cdc.session import libpq_options
+from cdc.source.session import libpq_options
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since the UNIX epoch
 _STATUS = struct.Struct("!cQQQqB")
@@ -152,6 +152,10 @@ class ReplicationConnection:
 def _sqlstate(result: pq.abc.PGresult | None) -> str | None:
     code = None if result is None else result.error_field(pq.DiagnosticField.SQLSTATE)
     return None if code is None else code.decode()
+
+
+XLOG_DATA = ord("w")  # CopyData kinds of the replication stream: WAL data,
+KEEPALIVE = ord("k")  # and the walsender's keepalive
 
 
 def parse_xlogdata(message: memoryview) -> tuple[int, int, memoryview]:

@@ -7,13 +7,10 @@ captures nothing (or the wrong thing) is worse than one that refuses to start.
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from cdc.catalog import CapturedTable, Catalog
 from cdc.config import Config
 from cdc.naming import (
     TablePattern,
@@ -24,7 +21,7 @@ from cdc.naming import (
     topic_name,
 )
 from cdc.redact import redact_dsn
-from cdc.replication import parse_lsn
+from cdc.source.catalog import CapturedTable, Catalog
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +31,6 @@ CONNECT_TIMEOUT_S = 10
 
 class PreflightError(Exception):
     """The daemon cannot start; the message is one line naming the fix."""
-
-
-@dataclass(frozen=True)
-class SlotState:
-    exists: bool
-    confirmed_flush_lsn: int | None = None
-    active_pid: int | None = None
-    wal_status: str | None = None
 
 
 def connect_catalog(config: Config) -> Catalog:
@@ -201,139 +190,6 @@ def _apply_toast_policy(catalog: Catalog, config: Config, table: CapturedTable) 
         table.display, ", ".join(table.toastable_columns), name,
     )
     return table
-
-
-def ensure_publication(catalog: Catalog, config: Config, tables: list[CapturedTable]) -> None:
-    """Create the publication, or add the tables it lacks; partitions publish through their root."""
-    pub = config.source.publication
-    row = catalog.conn.execute(
-        "SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = %s", (pub,)
-    ).fetchone()
-    names = ", ".join(qualified(t.schema, t.table) for t in tables)
-    if row is None and slot_state(catalog, config.source.slot).exists:
-        # pgoutput looks the publication up in the catalog as of each decoded change: a slot
-        # older than its publication fails with "publication does not exist" at every start.
-        slot = config.source.slot
-        raise PreflightError(
-            f"publication {pub} does not exist but slot {slot} does, and a slot cannot decode through a "
-            "publication created after it: set [source] publication to the one the slot was streamed with, "
-            f"or drop the slot (SELECT pg_drop_replication_slot('{slot}')) and start again with a fresh snapshot of the tables"
-        )
-    try:
-        if row is None:
-            catalog.conn.execute(f"CREATE PUBLICATION {quote_ident(pub)} FOR TABLE {names} WITH (publish_via_partition_root = true)")
-            log.info("created publication %s for %d tables", pub, len(tables))
-            return
-        if row[0]:
-            return
-        present = {
-            (r[0], r[1])
-            for r in catalog.conn.execute(
-                "SELECT n.nspname, c.relname FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid "
-                "JOIN pg_class c ON c.oid = pr.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE p.pubname = %s",
-                (pub,),
-            ).fetchall()
-        }
-        missing = [t for t in tables if (t.schema, t.table) not in present]
-        if missing:
-            catalog.conn.execute(
-                f"ALTER PUBLICATION {quote_ident(pub)} ADD TABLE "
-                + ", ".join(qualified(t.schema, t.table) for t in missing)
-            )
-            log.info("added %d tables to publication %s", len(missing), pub)
-        if not row[1]:
-            catalog.conn.execute(f"ALTER PUBLICATION {quote_ident(pub)} SET (publish_via_partition_root = true)")
-    except psycopg.Error as exc:
-        raise PreflightError(
-            f"cannot create or alter publication {pub} ({exc.diag.message_primary}): the role must own the tables "
-            f"(or create it as a superuser: CREATE PUBLICATION {quote_ident(pub)} FOR TABLE {names} "
-            "WITH (publish_via_partition_root = true))"
-        ) from None
-
-
-def slot_state(catalog: Catalog, slot: str) -> SlotState:
-    row = catalog.conn.execute(
-        "SELECT plugin, database, confirmed_flush_lsn::text, active_pid, wal_status "
-        "FROM pg_replication_slots WHERE slot_name = %s",
-        (slot,),
-    ).fetchone()
-    if row is None:
-        return SlotState(False)
-    plugin, database, confirmed, pid, wal_status = row
-    if plugin != "pgoutput" or database != catalog.database():
-        raise PreflightError(
-            f"slot {slot} belongs to database {database} with plugin {plugin}, not {catalog.database()} with pgoutput: "
-            "set [source] slot to another name"
-        )
-    return SlotState(True, parse_lsn(confirmed) if confirmed else None, pid, wal_status)
-
-
-def check_slot(catalog: Catalog, config: Config) -> SlotState:
-    """An existing slot must be healthy and free; waits briefly for a dying previous walsender."""
-    slot = config.source.slot
-    deadline = time.monotonic() + config.source.slot_wait_s
-    while True:
-        state = slot_state(catalog, slot)
-        if not state.exists:
-            return state
-        if state.wal_status == "lost":
-            raise PreflightError(
-                f"slot {slot} has lost WAL it needed (wal_status=lost), so changes are missing from it: drop it with "
-                f"SELECT pg_drop_replication_slot('{slot}') and start again with a fresh snapshot of the tables"
-            )
-        if state.active_pid is None:
-            return state
-        if time.monotonic() >= deadline:
-            raise PreflightError(
-                f"slot {slot} is in use by PID {state.active_pid} (another cdc run?): stop that process, "
-                "or set [source] slot to another name"
-            )
-        time.sleep(0.2)
-
-
-_LOCK_CLASS = 0x6364  # "cd": advisory locks of cdc, one per slot name
-
-_HOLDER_SQL = """
-SELECT l.pid FROM pg_locks l
-WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = hashtext(%s)::oid
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-"""
-
-
-def claim_slot(catalog: Catalog, config: Config) -> None:
-    """One cdc process per slot, also while it snapshots (when no walsender holds the slot yet):
-    a session advisory lock that dies with the process's connection. Waits `slot_wait_s` for a
-    dying previous process, like `check_slot`."""
-    slot = config.source.slot
-    deadline = time.monotonic() + config.source.slot_wait_s
-    while True:
-        if try_claim_slot(catalog, slot):
-            return
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.2)
-    walsender = slot_state(catalog, slot).active_pid
-    if walsender is not None:
-        raise PreflightError(
-            f"slot {slot} is in use by PID {walsender} (another cdc run?): stop that process, "
-            "or set [source] slot to another name"
-        )
-    raise PreflightError(
-        f"slot {slot} is in use by another cdc process (PostgreSQL backend PID {slot_holder(catalog, slot)}) taking "
-        "its snapshot: wait for it to finish or stop it, or set [source] slot to another name"
-    )
-
-
-def try_claim_slot(catalog: Catalog, slot: str) -> bool:
-    row = catalog.conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_LOCK_CLASS, slot)).fetchone()
-    return bool(row and row[0])
-
-
-def slot_holder(catalog: Catalog, slot: str) -> int | None:
-    """The backend PID of the cdc process holding the slot's advisory lock, if any."""
-    row = catalog.conn.execute(_HOLDER_SQL, (_LOCK_CLASS, slot)).fetchone()
-    return None if row is None else row[0]
 
 
 def start_failure(config: Config, exc: BaseException) -> PreflightError:

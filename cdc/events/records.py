@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 import orjson
 
 from cdc import __version__, accel
-from cdc.pgoutput import UNCHANGED
-from cdc.types import NATIVE_KINDS
+from cdc.events.types import NATIVE_KINDS
+from cdc.toast import UNCHANGED
 
 TOAST_PLACEHOLDER = "__debezium_unavailable_value"
 TOAST_PLACEHOLDER_BYTES = base64.b64encode(TOAST_PLACEHOLDER.encode()).decode()
@@ -102,7 +102,7 @@ class TableEvents:
         self.name = f"{self.schema}.{self.table}"
         self._native_encode = None
         #: The C renderer of this relation's streamed changes (cdc/_speedups.c render_change),
-        #: or None: then, and for every change it declines, cdc/changes.py renders them.
+        #: or None: then, and for every change it declines, cdc/events/changes.py renders them.
         self.lane = None
         native = accel.native  # chosen once per relation version
         if native is not None:

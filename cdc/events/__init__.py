@@ -1,0 +1,1 @@
+"""Changes into events: PostgreSQL values to Debezium's JSON, the change rules, the records each change becomes."""

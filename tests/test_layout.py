@@ -1,0 +1,116 @@
+"""The tree reads as the data flow, and these rules keep it so: each layer imports only what
+is upstream of it (source -> events -> kafka -> daemon and CLI; snapshot beside the daemon;
+compaction and sinks downstream of the topics), and only the CLI talks to the terminal."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("cdc", "snapshot", "compaction", "sinks")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {
+        _module_name(path): ast.parse(path.read_text(), str(path))
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+
+
+MODULES = _modules()
+
+
+def imports_of(module: str) -> set[str]:
+    """Every module `module` imports, at the top or inside a function ("from a import b" counts
+    as a.b too, since b may be a module)."""
+    found: set[str] = set()
+    for node in ast.walk(MODULES[module]):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+TOP = ("cdc.daemon", "cdc.cli", "cdc.status", "cdc.local", "snapshot", "compaction", "sinks")
+RULES: dict[str, tuple[str, ...]] = {
+    # the source side knows PostgreSQL only: no events, no Kafka, nothing built on it
+    "cdc.source": ("cdc.events", "cdc.kafka", "kafka", "confluent_kafka", *TOP),
+    # changes become records without knowing who sends them
+    "cdc.events": ("cdc.kafka", "kafka", "confluent_kafka", *TOP),
+    # the Kafka side sends records: it never reads PostgreSQL
+    "cdc.kafka": ("cdc.source", "psycopg", *TOP),
+    # snapshots render rows with the events' renderer, never by building decoder messages
+    "snapshot": ("cdc.source.pgoutput", "cdc.daemon", "cdc.cli", "sinks"),
+    # the topic read as a table is downstream of the topics only
+    "compaction": ("cdc.source", "psycopg", "cdc.daemon", "cdc.cli", "snapshot", "sinks"),
+    # Spark executors import sinks: no PostgreSQL client, no C extension, no capture code
+    "sinks": ("psycopg", "cdc._speedups", "cdc.source", "cdc.daemon", "cdc.cli", "snapshot"),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(RULES))
+def test_each_layer_imports_only_upstream(layer: str) -> None:
+    wrong = {
+        module: sorted(name for name in imports_of(module) if _under(name, RULES[layer]))
+        for module in MODULES
+        if _under(module, (layer,))
+    }
+    assert {m: names for m, names in wrong.items() if names} == {}
+    assert wrong, f"no module under {layer}"  # the rule guards something
+
+
+# Where the terminal is spoken to on purpose: the CLI and its demo; logging and the excepthooks
+# (the redaction that keeps secrets out of every line); the live progress line of a snapshot.
+TALKERS = {"cdc.cli", "cdc.local.demo", "cdc.redact", "snapshot.progress"}
+
+
+def _talks_to_the_terminal(tree: ast.Module) -> list[int]:
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "print":
+            lines.append(node.lineno)
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            if (func.value.id, func.attr) in {("click", "echo"), ("click", "secho")}:
+                lines.append(node.lineno)
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute):
+            inner = func.value
+            if isinstance(inner.value, ast.Name) and inner.value.id == "sys" and inner.attr in ("stdout", "stderr"):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_cli_talks_to_the_terminal() -> None:
+    talking = {m: _talks_to_the_terminal(tree) for m, tree in MODULES.items() if m not in TALKERS}
+    assert {m: lines for m, lines in talking.items() if lines} == {}
+    assert all(_talks_to_the_terminal(MODULES[m]) for m in TALKERS)  # each exception is still needed
+
+
+def test_sinks_load_without_psycopg_or_the_c_extension() -> None:
+    """What the rules above say statically, checked at run time over every sinks module."""
+    modules = sorted(m for m in MODULES if _under(m, ("sinks",)))
+    probe = (
+        f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg' or m == 'cdc._speedups'))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
