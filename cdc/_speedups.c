@@ -1,8 +1,8 @@
 /* C accelerator for the per-row hot path: pgoutput TupleData and COPY text lines to
  * column values, and column values to the event's key and row JSON.
  *
- * Every function here has a pure-Python twin (cdc/pgoutput.py, snapshot/copy_text.py,
- * cdc/events.py) that stays the reference: the twin reports every error, so this code
+ * Every function here has a pure-Python twin (cdc/source/pgoutput.py, snapshot/copy_text.py,
+ * cdc/events/records.py) that stays the reference: the twin reports every error, so this code
  * returns None instead of raising on input it does not handle, and the caller runs the
  * twin. tests/test_speedups.py checks both give the same objects and the same bytes.
  */
@@ -255,7 +255,7 @@ typedef struct {
     PyObject *topic;        /* str */
     PyObject *table;        /* str: schema.table */
     PyObject *record;       /* the Record type (a tuple subclass) */
-    PyObject *source_parts; /* txn -> (head, tail) of the `source` block, see cdc/events.py */
+    PyObject *source_parts; /* txn -> (head, tail) of the `source` block, see cdc/events/records.py */
     PyObject *txn;          /* the transaction whose head and tail are cached */
     PyObject *head;
     PyObject *tail;
@@ -524,7 +524,7 @@ static PyTypeObject RowEncoderType = {
 /* ---------------------------------------------------------------- envelope */
 
 /* The Debezium envelope around ready JSON pieces (before/after: bytes, or NULL or None for
- * null), stamped with the current time as cdc/events.py's twin does. */
+ * null), stamped with the current time as cdc/events/records.py's twin does. */
 static PyObject *make_envelope(PyObject *before, PyObject *after, PyObject *source, PyObject *op) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
@@ -641,15 +641,15 @@ static int add_event(RowEncoder *self, PyObject *out, PyObject *key, PyObject *o
     return rc;
 }
 
-/* render_change(lanes, message, txn) -> list[Record] | None
+/* render_change(c_encoders, message, txn) -> list[Record] | None
  * The records of one XLogData message (the 'w' CopyData message: start LSN, WAL end and
  * clock, then the pgoutput payload) carrying an Insert, Update or Delete outside a stream
- * block, for a relation in `lanes` (oid -> RowEncoder), exactly as cdc/changes.py renders
+ * block, for a relation in `c_encoders` (oid -> RowEncoder), exactly as cdc/events/changes.py renders
  * them at the message's start LSN; None for every other message and whatever the Python
  * path must judge (unknown relation, unchanged TOASTed values, malformed input). */
 static PyObject *render_change(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyDict_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "render_change(lanes: dict, message, txn)");
+        PyErr_SetString(PyExc_TypeError, "render_change(c_encoders: dict, message, txn)");
         return NULL;
     }
     Py_buffer view;
@@ -673,11 +673,11 @@ static PyObject *render_change(PyObject *module, PyObject *const *args, Py_ssize
         goto fallback;
     }
     if (!Py_IS_TYPE(self, &RowEncoderType) || self->record == NULL) {
-        PyErr_SetString(PyExc_TypeError, "lanes must map relation oids to RowEncoders made with topic, table, record");
+        PyErr_SetString(PyExc_TypeError, "c_encoders must map relation oids to RowEncoders made with topic, table, record");
         self = NULL;
         goto done;
     }
-    Py_INCREF(self); /* converters run Python code: keep the lane alive whatever they do */
+    Py_INCREF(self); /* converters run Python code: keep the c_encoder alive whatever they do */
     char tag = (char)buf[5];
     int rc;
     if (kind == 'I' || (kind == 'U' && tag == 'N')) {
@@ -732,7 +732,7 @@ done:
 
 /* ---------------------------------------------------------------- partition_for */
 
-/* partition_for(key, partitions) -> int: Kafka's default partitioner (cdc/partitioner.py). */
+/* partition_for(key, partitions) -> int: Kafka's default partitioner (cdc/kafka/partitioner.py). */
 static PyObject *partition_for(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "partition_for(key, partitions)");
@@ -776,7 +776,7 @@ static PyMethodDef methods[] = {
      "parse_tuple(buf, pos, unchanged) -> (values, end) | None"},
     {"parse_copy_line", parse_copy_line, METH_O, "parse_copy_line(line) -> list | None"},
     {"render_change", (PyCFunction)(void (*)(void))render_change, METH_FASTCALL,
-     "render_change(lanes, message, txn) -> list[Record] | None: one XLogData message's records"},
+     "render_change(c_encoders, message, txn) -> list[Record] | None: one XLogData message's records"},
     {"envelope", (PyCFunction)(void (*)(void))envelope, METH_FASTCALL,
      "envelope(before, after, source, op) -> bytes: the Debezium envelope, stamped now"},
     {"partition_for", (PyCFunction)(void (*)(void))partition_for, METH_FASTCALL,
@@ -785,7 +785,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cdc._speedups", "C twins of the per-row hot path (see cdc/fastpath.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "cdc._speedups", "C twins of the per-row hot path (see cdc/accel.py).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) {

@@ -1,7 +1,7 @@
 """The topic read as a table: the latest value per key, tombstones delete, truncates by position.
 
 This is what compaction converges to and what every derived store must equal, so it is
-also how tests and `cdc verify` compare a topic with the source tables.
+also how the tests compare a topic with the source tables.
 """
 
 from __future__ import annotations

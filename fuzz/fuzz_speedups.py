@@ -73,8 +73,8 @@ def _events() -> TableEvents:
 def _renderer() -> ChangeRenderer:
     renderer = ChangeRenderer(None, "p", "db", ["public.t"], False)  # type: ignore[arg-type]
     events = renderer.tables[OID] = _events()
-    if events.lane is not None and renderer.render_xlogdata is not None:
-        renderer.lanes[OID] = events.lane
+    if events.c_encoder is not None and renderer.render_xlogdata is not None:
+        renderer.c_encoders[OID] = events.c_encoder
     return renderer
 
 

@@ -56,13 +56,13 @@ def test_select_rebinds_every_fast_path_and_selected_restores_it():
     with accel.selected(False):
         assert accel.native is None
         assert partitioner.fast_partition_for is partitioner.partition_for
-        assert TableEvents("p", "db", "s", "t", "p.s.t", [Column("id", int, None, {})], [0]).lane is None
+        assert TableEvents("p", "db", "s", "t", "p.s.t", [Column("id", int, None, {})], [0]).c_encoder is None
         assert Decoder().decode(b"I\x00\x00\x40\x00N\x00\x01t\x00\x00\x00\x017").new == ["7"]
         assert copy_text.parse_line(b"1\t\\N\n") == ["1", None]
         with accel.selected(True):
             assert accel.native is accel.speedups
             assert partitioner.fast_partition_for is accel.speedups.partition_for
-            assert TableEvents("p", "db", "s", "t", "p.s.t", [Column("id", int, None, {})], [0]).lane is not None
+            assert TableEvents("p", "db", "s", "t", "p.s.t", [Column("id", int, None, {})], [0]).c_encoder is not None
             assert Decoder().decode(b"I\x00\x00\x40\x00N\x00\x01t\x00\x00\x00\x017").new == ["7"]
             assert copy_text.parse_line(b"1\t\\N\n") == ["1", None]
         assert accel.native is None

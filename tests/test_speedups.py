@@ -112,7 +112,7 @@ def _events(names: list[str], types: list[tuple[str, int]], key: list[int]) -> T
 def _twin_events(names: list[str], types: list[tuple[str, int]], key: list[int]) -> tuple[TableEvents, TableEvents]:
     """One relation's events with the C encoder, and with the Python twin."""
     fast, slow = _both(lambda: _events(names, types, key))
-    assert fast.lane is not None and slow.lane is None
+    assert fast.c_encoder is not None and slow.c_encoder is None
     return fast, slow
 
 
@@ -325,8 +325,8 @@ def _renderer(with_schemas: bool = False) -> ChangeRenderer:
     ]
     events = TableEvents("p", "db", "public", "t", "p.public.t", columns, [0], with_schemas)
     renderer.tables[OID] = events
-    if events.lane is not None and renderer.render_xlogdata is not None:
-        renderer.lanes[OID] = events.lane
+    if events.c_encoder is not None and renderer.render_xlogdata is not None:
+        renderer.c_encoders[OID] = events.c_encoder
     return renderer
 
 
@@ -405,18 +405,18 @@ def test_render_change_declines_what_the_python_path_judges(name):
 def test_render_change_declines_what_is_not_xlogdata():
     txn = Txn(commit_lsn=100, commit_ts_us=1, xid=5)
     message = _xlogdata(200, CHANGES["insert"])
-    assert native.render_change(_c_renderer().lanes, message, txn) is not None
-    assert native.render_change(_c_renderer().lanes, b"k" + message[1:], txn) is None  # a keepalive
-    assert native.render_change(_c_renderer().lanes, message[:30], txn) is None
+    assert native.render_change(_c_renderer().c_encoders, message, txn) is not None
+    assert native.render_change(_c_renderer().c_encoders, b"k" + message[1:], txn) is None  # a keepalive
+    assert native.render_change(_c_renderer().c_encoders, message[:30], txn) is None
 
 
-def test_no_lane_for_events_with_schemas():
-    """The schema form wraps the envelope in Python: such relations have no C lane."""
-    assert _c_renderer(with_schemas=True).lanes == {}
-    assert _c_renderer().lanes.keys() == {OID}
+def test_no_c_encoder_for_events_with_schemas():
+    """The schema form wraps the envelope in Python: such relations have no C encoder."""
+    assert _c_renderer(with_schemas=True).c_encoders == {}
+    assert _c_renderer().c_encoders.keys() == {OID}
 
 
-def test_render_change_refuses_lanes_that_are_not_encoders():
+def test_render_change_refuses_c_encoders_that_are_not_encoders():
     txn = Txn(commit_lsn=100, commit_ts_us=1, xid=5)
     message = _xlogdata(200, CHANGES["insert"])
     with pytest.raises(TypeError, match="RowEncoders"):
@@ -430,7 +430,7 @@ def test_a_relation_version_is_freed_when_replaced():
     """The encoder calls back into its TableEvents (source parts): the cycle must be collectable,
     or every Relation message (each reconnect, each ALTER TABLE) would leak one."""
     events, _ = _twin_events(["id", "v"], [("int4", -1), ("text", -1)], [0])
-    assert events.lane is not None
+    assert events.c_encoder is not None
     ref = weakref.ref(events)
     del events
     gc.collect()

@@ -59,21 +59,21 @@ class ChangeRenderer:
         self.patterns: list[TablePattern] = [parse_table_pattern(p) for p in patterns]
         self.with_schemas = with_schemas
         self.tables: dict[int, TableEvents | None] = {}
-        #: relation oid -> the C encoder of its streamed changes (a `TableEvents.lane`)
-        self.lanes: dict[int, object] = {}
+        #: relation oid -> the C encoder of its streamed changes (a `TableEvents.c_encoder`)
+        self.c_encoders: dict[int, object] = {}
         #: The C twin of decoding one XLogData message and calling `records`, chosen by the
         #: accelerator switch when the renderer is built, or None. It takes the whole CopyData
         #: message and the open transaction, and returns the records of an insert, update or
-        #: delete of a relation with a lane, or None for everything else (then decode and call
+        #: delete of a relation with a c_encoder, or None for everything else (then decode and call
         #: `records`). Only for changes outside stream blocks: streamed ones are spilled first.
         self.render_xlogdata: Callable[[bytes | memoryview, Txn], list[Record] | None] | None = (
-            None if accel.native is None else partial(accel.native.render_change, self.lanes)
+            None if accel.native is None else partial(accel.native.render_change, self.c_encoders)
         )
 
     def reset(self) -> None:
         """A new walsender sends every Relation again before using it."""
         self.tables.clear()
-        self.lanes.clear()
+        self.c_encoders.clear()
 
     def relation(self, msg: pgoutput.Relation) -> None:
         """A Relation message of the stream: how that table's rows look from here on."""
@@ -83,7 +83,7 @@ class ChangeRenderer:
     def describe(self, oid: int, schema: str, table: str, columns: list[ColumnDef]) -> None:
         """A table's shape, from a Relation message or (for snapshots) from the catalog;
         `key` marks the replica identity columns PostgreSQL would send."""
-        self.lanes.pop(oid, None)
+        self.c_encoders.pop(oid, None)
         if not any(p.matches(schema, table) for p in self.patterns):
             self.tables[oid] = None
             return
@@ -122,8 +122,8 @@ class ChangeRenderer:
             key_indexes=[names.index(k) for k in key_names],
             with_schemas=self.with_schemas,
         )
-        if events.lane is not None and self.render_xlogdata is not None:
-            self.lanes[oid] = events.lane
+        if events.c_encoder is not None and self.render_xlogdata is not None:
+            self.c_encoders[oid] = events.c_encoder
         log.debug("relation %s: columns %s, key %s", display, names, key_names)
 
     def table(self, oid: int) -> TableEvents | None:

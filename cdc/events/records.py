@@ -103,7 +103,7 @@ class TableEvents:
         self._native_encode = None
         #: The C renderer of this relation's streamed changes (cdc/_speedups.c render_change),
         #: or None: then, and for every change it declines, cdc/events/changes.py renders them.
-        self.lane = None
+        self.c_encoder = None
         native = accel.native  # chosen once per relation version
         if native is not None:
             encoder = native.RowEncoder(
@@ -120,7 +120,7 @@ class TableEvents:
             )
             self._native_encode = encoder.encode
             if not self.with_schemas:
-                self.lane = encoder
+                self.c_encoder = encoder
         self._source_key: tuple | None = None
         self._source_head = self._source_tail = b""
 

@@ -91,7 +91,7 @@ class DecodeError(Exception):
         self.offset = offset
 
 
-class _Bad(Exception):
+class _Malformed(Exception):
     """Internal: a structural problem at a known offset; ``decode`` adds the type byte."""
 
     def __init__(self, offset: int, reason: str) -> None:
@@ -240,7 +240,7 @@ def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
     """Read a NUL-terminated UTF-8 string at ``pos``; return it and the offset after the NUL."""
     end = buf.find(0, pos)
     if end < 0:
-        raise _Bad(pos, "unterminated string")
+        raise _Malformed(pos, "unterminated string")
     return buf[pos:end].decode(), end + 1
 
 
@@ -276,13 +276,13 @@ def _py_tuple(buf: bytes, pos: int) -> tuple[list[TupleValue], int]:
                 append(buf[pos : pos + size])
                 pos += size
             else:
-                raise _Bad(pos, f"unknown TupleData column kind {kind!r}")
+                raise _Malformed(pos, f"unknown TupleData column kind {kind!r}")
     except (IndexError, struct.error):
-        raise _Bad(len(buf), f"TupleData starting at offset {start} is truncated") from None
+        raise _Malformed(len(buf), f"TupleData starting at offset {start} is truncated") from None
     except UnicodeDecodeError as exc:
         if pos + size > len(buf):  # cut inside a multi-byte character
-            raise _Bad(len(buf), f"TupleData starting at offset {start} is truncated") from None
-        raise _Bad(pos, f"text column is not valid UTF-8: {exc.reason}") from None
+            raise _Malformed(len(buf), f"TupleData starting at offset {start} is truncated") from None
+        raise _Malformed(pos, f"text column is not valid UTF-8: {exc.reason}") from None
     return out, pos
 
 
@@ -314,8 +314,8 @@ def _end(buf: bytes, pos: int) -> None:
     """
     if pos != len(buf):
         if pos > len(buf):
-            raise _Bad(len(buf), "truncated")
-        raise _Bad(pos, f"{len(buf) - pos} unexpected trailing byte(s)")
+            raise _Malformed(len(buf), "truncated")
+        raise _Malformed(pos, f"{len(buf) - pos} unexpected trailing byte(s)")
 
 
 def _need(buf: bytes, size: int) -> None:
@@ -394,7 +394,7 @@ def _insert_msg(dec: Decoder, buf: bytes) -> Insert:
         (oid,) = _u32(buf, 1)
         pos = 5
     if buf[pos] != 78:  # 'N'
-        raise _Bad(pos, f"expected 'N', got {buf[pos : pos + 1]!r}")
+        raise _Malformed(pos, f"expected 'N', got {buf[pos : pos + 1]!r}")
     new, pos = _tuple(buf, pos + 1)
     if pos != len(buf):
         _end(buf, pos)
@@ -417,9 +417,9 @@ def _update_msg(dec: Decoder, buf: bytes) -> Update:
         old_kind = chr(tag)
         old, pos = _tuple(buf, pos + 1)
         if buf[pos] != 78:
-            raise _Bad(pos, f"expected 'N', got {buf[pos : pos + 1]!r}")
+            raise _Malformed(pos, f"expected 'N', got {buf[pos : pos + 1]!r}")
     else:
-        raise _Bad(pos, f"expected 'K', 'O' or 'N', got {buf[pos : pos + 1]!r}")
+        raise _Malformed(pos, f"expected 'K', 'O' or 'N', got {buf[pos : pos + 1]!r}")
     new, pos = _tuple(buf, pos + 1)
     if pos != len(buf):
         _end(buf, pos)
@@ -436,7 +436,7 @@ def _delete_msg(dec: Decoder, buf: bytes) -> Delete:
         pos = 5
     tag = buf[pos]
     if tag != 75 and tag != 79:
-        raise _Bad(pos, f"expected 'K' or 'O', got {buf[pos : pos + 1]!r}")
+        raise _Malformed(pos, f"expected 'K' or 'O', got {buf[pos : pos + 1]!r}")
     old, pos = _tuple(buf, pos + 1)
     if pos != len(buf):
         _end(buf, pos)
@@ -498,7 +498,7 @@ def _stream_abort_msg(dec: Decoder, buf: bytes) -> StreamAbort:
 
 
 def _unknown_msg(dec: Decoder, buf: bytes) -> object:
-    raise _Bad(0, "unknown message type")
+    raise _Malformed(0, "unknown message type")
 
 
 _Handler = Callable[["Decoder", bytes], object]
@@ -548,7 +548,7 @@ class Decoder:
         buf = data if type(data) is bytes else bytes(data)
         try:
             return _DISPATCH[buf[0]](self, buf)
-        except _Bad as exc:
+        except _Malformed as exc:
             raise _error(buf, exc.offset, exc.reason) from None
         except (IndexError, struct.error):
             raise _error(buf, len(buf), "truncated") from None
