@@ -17,11 +17,11 @@ from cdc.local import jars
 from cdc.local.process import (
     LOCALHOST,
     GroupProcess,
+    ServerProcess,
     ServiceUnavailable,
     free_port,
     port_is_free,
     register,
-    unregister,
     wait_until,
 )
 
@@ -52,7 +52,7 @@ def _properties_text(value: str) -> str:
     return "".join(c if ord(c) < 128 else f"\\u{ord(c):04x}" for c in value)
 
 
-class LocalKafka:
+class LocalKafka(ServerProcess):
     """A single-node KRaft Kafka on free 127.0.0.1 ports, data kept under `data_dir`.
 
     Layout: ``<data_dir>/logs`` (log.dirs), ``server.properties`` and
@@ -99,7 +99,6 @@ class LocalKafka:
         self.heap = heap
         self.stop_at_exit = stop_at_exit
         self.log_path = self.data_dir / "broker.log"
-        self._proc: GroupProcess | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -111,15 +110,6 @@ class LocalKafka:
         if self.sasl_port is None:
             raise ValueError("this broker was started without sasl_users")
         return f"{LOCALHOST}:{self.sasl_port}"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.alive()
-
-    @property
-    def pid(self) -> int | None:
-        """The broker JVM's pid (its process group's leader)."""
-        return self._proc.pid if self._proc is not None else None
 
     def _write_config(self) -> Path:
         plain = f"PLAINTEXT://{LOCALHOST}:{self.port}"
@@ -246,31 +236,6 @@ class LocalKafka:
             return False
         finally:
             kafka_log.setLevel(level)
-
-    def stop(self) -> None:
-        """Controlled shutdown (SIGTERM), SIGKILL after 60 s; idempotent."""
-        unregister(self)
-        if self._proc is not None:
-            self._proc.terminate(grace_s=60)
-            self._proc = None
-
-    def kill9(self) -> None:
-        """The crash: SIGKILL, no shutdown hook runs. `start` recovers the same log dirs."""
-        unregister(self)
-        if self._proc is not None:
-            self._proc.kill9()
-            self._proc = None
-
-    def restart(self) -> None:
-        """Graceful stop, then start on the same ports and log dirs."""
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> LocalKafka:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"LocalKafka({self.bootstrap_servers}, data_dir={str(self.data_dir)!r})"

@@ -24,6 +24,7 @@ from cdc.local import jars
 from cdc.local.process import (
     LOCALHOST,
     GroupProcess,
+    ServerProcess,
     ServiceUnavailable,
     free_port,
     port_is_free,
@@ -31,7 +32,6 @@ from cdc.local.process import (
     register,
     run_as,
     system_user,
-    unregister,
     user_can_run,
     wait_until,
 )
@@ -49,7 +49,7 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-class LocalOpenSearch:
+class LocalOpenSearch(ServerProcess):
     """A single-node OpenSearch on free 127.0.0.1 ports (HTTP and transport), security off.
 
     Layout: ``<data_dir>/opensearch.log`` (the node's console log) and
@@ -72,7 +72,6 @@ class LocalOpenSearch:
         self.transport_port: int = free_port()
         self.stop_at_exit = stop_at_exit
         self.log_path = self.data_dir / "opensearch.log"
-        self._proc: GroupProcess | None = None
         self._server_dir: Path | None = None
         self._relocated = False
 
@@ -80,16 +79,6 @@ class LocalOpenSearch:
     def url(self) -> str:
         return f"http://{LOCALHOST}:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.alive()
-
-    @property
-    def pid(self) -> int | None:
-        """The node JVM's pid (the launcher execs into it: the process group's leader)."""
-        return self._proc.pid if self._proc is not None else None
-
-    # -- files -------------------------------------------------------------------------
     @staticmethod
     def _user() -> pwd.struct_passwd | None:
         return system_user(SERVER_USER) if os.geteuid() == 0 else None
@@ -198,25 +187,6 @@ class LocalOpenSearch:
         except (OSError, ValueError):  # not listening yet, 408 (not yellow yet), half an answer
             return False
 
-    def stop(self) -> None:
-        """SIGTERM (the node flushes and closes its shards), SIGKILL after 60 s; idempotent."""
-        unregister(self)
-        if self._proc is not None:
-            self._proc.terminate(grace_s=60)
-            self._proc = None
-
-    def kill9(self) -> None:
-        """The crash: SIGKILL, no shutdown hook runs. `start` recovers the same data."""
-        unregister(self)
-        if self._proc is not None:
-            self._proc.kill9()
-            self._proc = None
-
-    def restart(self) -> None:
-        """Graceful stop, then start on the same ports and data."""
-        self.stop()
-        self.start()
-
     def close(self) -> None:
         """Stop; delete the server dir if it was relocated out of data_dir (nothing else would)."""
         self.stop()
@@ -231,9 +201,6 @@ class LocalOpenSearch:
         except BaseException:
             self.close()  # __exit__ will not run: leave no relocated dir behind
             raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"LocalOpenSearch({self.url}, data_dir={str(self.data_dir)!r})"

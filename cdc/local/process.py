@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 LOCALHOST = "127.0.0.1"
 
@@ -321,3 +321,52 @@ def wait_until(
         if time.monotonic() > deadline:
             raise ServiceUnavailable(f"{what} not ready after {timeout_s:.0f} s: {proc.tail()}")
         time.sleep(0.1)
+
+
+class ServerProcess:
+    """What every service that runs as one process group shares: whether it runs, its pid,
+    a graceful stop, the crash a test inflicts, a restart on the same ports and data, and
+    `with` (which stops it, or `close`s it where a subclass has more to clean up)."""
+
+    STOP_GRACE_S = 60.0  # after SIGTERM, before SIGKILL
+    _proc: GroupProcess | None = None
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.alive()
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid (its process group's leader)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def stop(self) -> None:
+        """SIGTERM the group, SIGKILL what is left after STOP_GRACE_S; idempotent."""
+        unregister(self)
+        if self._proc is not None:
+            self._proc.terminate(grace_s=self.STOP_GRACE_S)
+            self._proc = None
+
+    def kill9(self) -> None:
+        """The crash: SIGKILL, no shutdown hook runs; `start` comes back on the same data."""
+        unregister(self)
+        if self._proc is not None:
+            self._proc.kill9()
+            self._proc = None
+
+    def restart(self) -> None:
+        """Graceful stop, then start on the same ports and data."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

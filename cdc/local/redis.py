@@ -12,23 +12,24 @@ from pathlib import Path
 from cdc.local.process import (
     LOCALHOST,
     GroupProcess,
+    ServerProcess,
     ServiceUnavailable,
     free_port,
     port_is_free,
     register,
     require_command,
-    unregister,
     wait_until,
 )
 
 
-class LocalRedis:
+class LocalRedis(ServerProcess):
     """A redis-server on a free 127.0.0.1 port, its working dir and ``redis.log`` in `data_dir`.
 
     Ready once it answers PING.
     """
 
     START_TIMEOUT_S = 30.0
+    STOP_GRACE_S = 30.0  # without persistence redis exits at once on SIGTERM
 
     def __init__(
         self, data_dir: str | Path, port: int | None = None, *, stop_at_exit: bool = True
@@ -38,19 +39,10 @@ class LocalRedis:
         self.port: int = port if port is not None else free_port()
         self.stop_at_exit = stop_at_exit
         self.log_path = self.data_dir / "redis.log"
-        self._proc: GroupProcess | None = None
 
     @property
     def url(self) -> str:
         return f"redis://{LOCALHOST}:{self.port}/0"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.alive()
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     def _argv(self, server: str) -> list[str]:
         return [
@@ -99,31 +91,6 @@ class LocalRedis:
                 return sock.recv(64).startswith(b"+PONG")
         except OSError:
             return False
-
-    def stop(self) -> None:
-        """SIGTERM (redis exits at once without persistence), SIGKILL after 30 s; idempotent."""
-        unregister(self)
-        if self._proc is not None:
-            self._proc.terminate(grace_s=30)
-            self._proc = None
-
-    def kill9(self) -> None:
-        """The crash: SIGKILL. With no persistence `start` comes back empty."""
-        unregister(self)
-        if self._proc is not None:
-            self._proc.kill9()
-            self._proc = None
-
-    def restart(self) -> None:
-        """Stop, then start on the same port."""
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> LocalRedis:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"LocalRedis({self.url}, data_dir={str(self.data_dir)!r})"
