@@ -82,12 +82,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka | No
     if os.environ.get(EXTERNAL_KAFKA_ENV):
         yield None
         return
-    local = LocalKafka(tmp_path_factory.mktemp("broker"))
-    local.start()
-    try:
+    with LocalKafka(tmp_path_factory.mktemp("broker")) as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture(scope="session")
@@ -103,33 +99,22 @@ def broker_servers(broker: LocalKafka | None) -> str:
 @pytest.fixture
 def local_broker(tmp_path: Path) -> Iterator[LocalKafka]:
     """A dedicated local broker for this test alone: restart it, kill it, break it."""
-    dedicated = LocalKafka(tmp_path / "broker")
-    dedicated.start()
-    try:
+    with LocalKafka(tmp_path / "broker") as dedicated:
         yield dedicated
-    finally:
-        dedicated.stop()
 
 
 @pytest.fixture(scope="session")
 def opensearch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalOpenSearch]:
     """The session's OpenSearch node, started by the first test that asks for it."""
-    node = LocalOpenSearch(tmp_path_factory.mktemp("opensearch"))
-    try:
-        yield node.start()
-    finally:
-        node.close()
+    with LocalOpenSearch(tmp_path_factory.mktemp("opensearch")) as node:
+        yield node
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
     """The session's Redis, started by the first test that asks for it."""
-    server = LocalRedis(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
+    with LocalRedis(tmp_path_factory.mktemp("redis")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @dataclass

@@ -103,12 +103,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSparkCluster]:
-    cluster = LocalSparkCluster(tmp_path_factory.mktemp("spark-cluster"))
-    cluster.start()
-    try:
+    with LocalSparkCluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_spark_gets_only_the_jars_pyspark_lacks() -> None:
