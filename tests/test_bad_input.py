@@ -1056,3 +1056,28 @@ def test_sasl_plain_streams_and_a_wrong_password_says_authentication_failed(db, 
         config = TopicConfig(**sasl, sasl_password=password)
         records = list(read_topic(config, topic_name("tr", "public", "t")))
         assert [(r.key, payload_of(r.value)["after"]) for r in records] == [(b'{"id":7}', {"id": 7})]
+
+
+def test_tls_streams_and_an_untrusted_certificate_says_so(db, tmp_path):
+    """A broker with a TLS listener: trusting its certificate, cdc streams through it; trusting
+    another one, the TLS handshake fails in one line naming the CA file to fix."""
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    stranger = LocalKafka(tmp_path / "stranger", tls=True).certificate()  # never started
+    with LocalKafka(tmp_path / "kafka", tls=True) as kafka:
+        tls = {"bootstrap_servers": kafka.ssl_bootstrap_servers, "security_protocol": "SSL"}
+        untrusted = write_config(tmp_path / "untrusted.toml", db.dsn, "", "tu", ["public.t"],
+                                 topic={**tls, "ssl_cafile": str(stranger)})
+        message = refused(run(untrusted, timeout=90))
+        assert message == (
+            f"cannot use the Kafka broker at {kafka.ssl_bootstrap_servers}: the TLS handshake failed: the broker's "
+            "certificate is not trusted (KafkaTimeoutError): point [topic] ssl_cafile at the CA that signed it"
+        ), message
+
+        trusted = write_config(tmp_path / "trusted.toml", db.dsn, "", "tt", ["public.t"],
+                               topic={**tls, "ssl_cafile": str(kafka.ca_file)})
+        daemon = start_streaming(trusted, tmp_path / "daemon.log", db.dsn, slot_of("tt"))
+        db.execute("INSERT INTO public.t VALUES (7)")
+        wait_caught_up(db.dsn, slot_of("tt"), daemon)
+        assert daemon.stop() == 0
+        records = list(read_topic(TopicConfig(**tls, ssl_cafile=str(kafka.ca_file)), topic_name("tt", "public", "t")))
+        assert [(r.key, payload_of(r.value)["after"]) for r in records] == [(b'{"id":7}', {"id": 7})]

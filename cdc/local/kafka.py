@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -45,6 +46,9 @@ def _cluster_id() -> str:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         if not text.startswith("-"):
             return text
+
+
+_KEYSTORE_PASSWORD = "cdc-local-only"  # a throwaway certificate for a broker on 127.0.0.1
 
 
 def _properties_text(value: str) -> str:
@@ -87,6 +91,7 @@ class LocalKafka(ServerProcess):
         settings: dict[str, str] | None = None,
         heap: str = "768m",
         sasl_users: dict[str, str] | None = None,
+        tls: bool = False,
         stop_at_exit: bool = True,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
@@ -95,6 +100,7 @@ class LocalKafka(ServerProcess):
         self.controller_port: int = free_port()
         self.sasl_users = sasl_users or {}
         self.sasl_port: int | None = free_port() if self.sasl_users else None
+        self.ssl_port: int | None = free_port() if tls else None
         self.settings = {**self.DEFAULT_SETTINGS, **(settings or {})}
         self.heap = heap
         self.stop_at_exit = stop_at_exit
@@ -111,26 +117,53 @@ class LocalKafka(ServerProcess):
             raise ValueError("this broker was started without sasl_users")
         return f"{LOCALHOST}:{self.sasl_port}"
 
+    @property
+    def ssl_bootstrap_servers(self) -> str:
+        """The SSL listener; clients trust it with `ca_file`."""
+        if self.ssl_port is None:
+            raise ValueError("this broker was started without tls")
+        return f"{LOCALHOST}:{self.ssl_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        """The SSL listener's self-signed certificate (PEM): what a client names as its CA."""
+        return self.data_dir / "tls" / "broker.pem"
+
+    def certificate(self) -> Path:
+        """`ca_file`, made (with the keystore behind it) if this broker has none yet."""
+        self._keystore()
+        return self.ca_file
+
     def _write_config(self) -> Path:
         plain = f"PLAINTEXT://{LOCALHOST}:{self.port}"
+        listeners, advertised = [plain, f"CONTROLLER://{LOCALHOST}:{self.controller_port}"], [plain]
         props = {
             **self.settings,
             "controller.quorum.voters": f"1@{LOCALHOST}:{self.controller_port}",
-            "listeners": f"{plain},CONTROLLER://{LOCALHOST}:{self.controller_port}",
-            "advertised.listeners": plain,
             "log.dirs": str(self.data_dir / "logs"),
         }
-        if self.sasl_port is not None:  # a second client listener that authenticates (SASL/PLAIN)
+        protocols = props["listener.security.protocol.map"]
+        if self.sasl_port is not None:  # a client listener that authenticates (SASL/PLAIN)
             sasl = f"SASL_PLAINTEXT://{LOCALHOST}:{self.sasl_port}"
+            listeners.append(sasl)
+            advertised.append(sasl)
+            protocols += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
             users = " ".join(f'user_{name}="{password}"' for name, password in self.sasl_users.items())
-            props.update({
-                "listeners": f"{props['listeners']},{sasl}",
-                "advertised.listeners": f"{plain},{sasl}",
-                "listener.security.protocol.map": f"{props['listener.security.protocol.map']},SASL_PLAINTEXT:SASL_PLAINTEXT",
-                "sasl.enabled.mechanisms": "PLAIN",
-                "listener.name.sasl_plaintext.plain.sasl.jaas.config":
-                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
-            })
+            props["sasl.enabled.mechanisms"] = "PLAIN"
+            props["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+            )
+        if self.ssl_port is not None:  # a client listener speaking TLS
+            ssl = f"SSL://{LOCALHOST}:{self.ssl_port}"
+            listeners.append(ssl)
+            advertised.append(ssl)
+            protocols += ",SSL:SSL"
+            props["listener.name.ssl.ssl.keystore.location"] = str(self._keystore())
+            props["listener.name.ssl.ssl.keystore.password"] = _KEYSTORE_PASSWORD
+            props["listener.name.ssl.ssl.keystore.type"] = "PKCS12"
+        props["listeners"] = ",".join(listeners)
+        props["advertised.listeners"] = ",".join(advertised)
+        props["listener.security.protocol.map"] = protocols
         path = self.data_dir / "server.properties"
         path.write_text(
             "# Written by cdc.local.kafka on every start; edits are lost.\n"
@@ -138,6 +171,25 @@ class LocalKafka(ServerProcess):
         )
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
         return path
+
+    def _keystore(self) -> Path:
+        """A self-signed certificate for 127.0.0.1, made once with the JDK's keytool; its
+        PEM (`ca_file`) is what clients trust."""
+        store = self.data_dir / "tls" / "broker.p12"
+        if store.exists():
+            return store
+        store.parent.mkdir(parents=True, exist_ok=True)
+        keytool = str(jars.java_home() / "bin" / "keytool")
+        common = ["-alias", "broker", "-keystore", str(store), "-storepass", _KEYSTORE_PASSWORD]
+        for args in (
+            ["-genkeypair", *common, "-storetype", "PKCS12", "-keyalg", "RSA", "-keysize", "2048",
+             "-validity", "30", "-dname", f"CN={LOCALHOST}", "-ext", f"SAN=IP:{LOCALHOST}"],
+            ["-exportcert", *common, "-rfc", "-file", str(self.ca_file)],
+        ):
+            done = subprocess.run([keytool, *args], capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                raise ServiceUnavailable(f"keytool could not make the broker's certificate: {done.stderr.strip()}")
+        return store
 
     def _java(self, main: str, *args: str, heap: str = "256m") -> list[str]:
         return [
@@ -203,12 +255,14 @@ class LocalKafka(ServerProcess):
         raise AssertionError("unreachable")
 
     def _ports(self) -> list[int]:
-        return [p for p in (self.port, self.controller_port, self.sasl_port) if p is not None]
+        return [p for p in (self.port, self.controller_port, self.sasl_port, self.ssl_port) if p is not None]
 
     def _new_ports(self) -> None:
         self.port, self.controller_port = free_port(), free_port()
         if self.sasl_port is not None:
             self.sasl_port = free_port()
+        if self.ssl_port is not None:
+            self.ssl_port = free_port()
 
     def _ready(self) -> bool:
         assert self._proc is not None
