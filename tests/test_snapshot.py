@@ -400,10 +400,10 @@ def test_incremental_progress_is_recorded_only_behind_the_slot(tmp_path, db, bro
     below H, so older changes of the chunk's keys land after their `r` events (the test
     above sees that only when its kill falls into the gap). Every state record is compared
     with the slot's confirmed_flush_lsn read right after it."""
-    populate(db, 40000)
+    populate(db, 80000)
     config = write_config(
         tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.acct"],
-        snapshot={"mode": "never", "chunk_size": 2000},
+        snapshot={"mode": "never", "chunk_size": 1000},  # 80 chunks, to see several progress records
     )
     slot = slot_of(topic_prefix)
     daemon = launch(config, tmp_path / "daemon.log")
