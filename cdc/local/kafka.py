@@ -21,9 +21,6 @@ from cdc.local.process import (
     ServerProcess,
     ServiceUnavailable,
     free_port,
-    port_is_free,
-    register,
-    wait_until,
 )
 
 _LOG4J2 = """\
@@ -65,6 +62,7 @@ class LocalKafka(ServerProcess):
     Ready once it logged ``Kafka Server started`` and answers a metadata request.
     """
 
+    NAME = "Kafka"
     START_TIMEOUT_S = 180.0  # a cold JVM on a busy 2-core machine; a restart after kill -9 waits ~10 s more
     DEFAULT_SETTINGS: dict[str, str] = {
         "process.roles": "broker,controller",
@@ -217,42 +215,17 @@ class LocalKafka(ServerProcess):
         if proc.popen.wait(timeout=180) != 0:
             raise ServiceUnavailable(f"Kafka's StorageTool format failed: {proc.tail()}")
 
-    def start(self) -> LocalKafka:
-        """Format on first use, start the broker, return once it serves metadata."""
-        if self.running:
-            return self
+    def _launch(self) -> GroupProcess:
+        """Format on first use, then the broker."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        for attempt in range(4):
-            if not all(port_is_free(p) for p in self._ports()):
-                if self._auto_port and attempt < 3:
-                    self._new_ports()
-                    continue
-                raise ServiceUnavailable(
-                    f"Kafka cannot start: one of ports {self._ports()} is already in use"
-                )
-            config = self._write_config()
-            self._format(config)
-            self._proc = GroupProcess(
-                self._java("kafka.Kafka", str(config), heap=self.heap),
-                self.log_path,
-                cwd=self.data_dir,
-                env={**os.environ, "JAVA_HOME": str(jars.java_home())},
-            )
-            try:
-                wait_until(self._ready, self._proc, self.START_TIMEOUT_S, f"Kafka on port {self.port}")
-            except ServiceUnavailable as exc:
-                tail = self._proc.tail()
-                self._proc.kill9()
-                self._proc = None
-                if self._auto_port and attempt < 3 and "Address already in use" in tail:
-                    self._new_ports()  # lost a port race
-                    continue
-                raise exc from None
-            self._auto_port = False  # from now on restarts keep these ports
-            if self.stop_at_exit:
-                register(self)
-            return self
-        raise AssertionError("unreachable")
+        config = self._write_config()
+        self._format(config)
+        return GroupProcess(
+            self._java("kafka.Kafka", str(config), heap=self.heap),
+            self.log_path,
+            cwd=self.data_dir,
+            env={**os.environ, "JAVA_HOME": str(jars.java_home())},
+        )
 
     def _ports(self) -> list[int]:
         return [p for p in (self.port, self.controller_port, self.sasl_port, self.ssl_port) if p is not None]

@@ -25,21 +25,16 @@ from cdc.local.process import (
     LOCALHOST,
     GroupProcess,
     ServerProcess,
-    ServiceUnavailable,
     free_port,
-    port_is_free,
     reachable_dir,
-    register,
     run_as,
     system_user,
     user_can_run,
-    wait_until,
 )
 
 SERVER_USER = "cdc-opensearch"
 JAVA_OPTS = "-Xms512m -Xmx1g"  # 2 cores and 24 GiB shared with Kafka and Spark JVMs
 
-_PORT_LOST = re.compile(r"BindHttpException|BindTransportException|Address already in use")
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -61,6 +56,8 @@ class LocalOpenSearch(ServerProcess):
     directory under /tmp, which `close` deletes. Ready once the cluster is yellow.
     """
 
+    NAME = "OpenSearch"
+    PORT_LOST = re.compile(r"BindHttpException|BindTransportException|Address already in use")
     START_TIMEOUT_S = 240.0  # ~12 s on a quiet machine; minutes when other JVMs are busy
 
     def __init__(
@@ -136,50 +133,28 @@ class LocalOpenSearch(ServerProcess):
         return config
 
     # -- lifecycle ---------------------------------------------------------------------
-    def start(self) -> LocalOpenSearch:
-        """Start the node (fetching the distribution on first use); return once it is yellow."""
-        if self.running:
-            return self
-        java_home = jars.java_home()
-        user = self._user()
-        for attempt in range(4):
-            if not (port_is_free(self.port) and port_is_free(self.transport_port)):
-                if self._auto_port and attempt < 3:
-                    self.port, self.transport_port = free_port(), free_port()
-                    continue
-                raise ServiceUnavailable(
-                    f"OpenSearch cannot start: port {self.port} or {self.transport_port} is already in use"
-                )
-            server = self._server(user)  # only now: a refused start leaves no relocated dir
-            home = self._home(server, user)
-            config = self._write_config(home, server, user)
-            env = {
-                **os.environ,
-                "OPENSEARCH_JAVA_HOME": str(java_home),
-                "OPENSEARCH_PATH_CONF": str(config),
-                "OPENSEARCH_JAVA_OPTS": JAVA_OPTS,
-                "OPENSEARCH_TMPDIR": str(server / "tmp"),
-            }
-            self._proc = GroupProcess(
-                [str(home / "bin" / "opensearch")], self.log_path, cwd=server, **run_as(user, env)
-            )
-            try:
-                wait_until(self._healthy, self._proc, self.START_TIMEOUT_S, f"OpenSearch on port {self.port}")
-            except ServiceUnavailable as exc:
-                tail = self._proc.tail()
-                self._proc.kill9()
-                self._proc = None
-                if self._auto_port and attempt < 3 and _PORT_LOST.search(tail):
-                    self.port, self.transport_port = free_port(), free_port()  # lost a port race
-                    continue
-                raise exc from None
-            self._auto_port = False  # from now on restarts keep these ports
-            if self.stop_at_exit:
-                register(self)
-            return self
-        raise AssertionError("unreachable")
+    def _launch(self) -> GroupProcess:
+        """The node, fetching the distribution on first use; as `cdc-opensearch` when root."""
+        java_home, user = jars.java_home(), self._user()
+        server = self._server(user)  # only now: a refused start leaves no relocated dir
+        home = self._home(server, user)
+        config = self._write_config(home, server, user)
+        env = {
+            **os.environ,
+            "OPENSEARCH_JAVA_HOME": str(java_home),
+            "OPENSEARCH_PATH_CONF": str(config),
+            "OPENSEARCH_JAVA_OPTS": JAVA_OPTS,
+            "OPENSEARCH_TMPDIR": str(server / "tmp"),
+        }
+        return GroupProcess([str(home / "bin" / "opensearch")], self.log_path, cwd=server, **run_as(user, env))
 
-    def _healthy(self) -> bool:
+    def _ports(self) -> list[int]:
+        return [self.port, self.transport_port]
+
+    def _new_ports(self) -> None:
+        self.port, self.transport_port = free_port(), free_port()
+
+    def _ready(self) -> bool:
         query = "/_cluster/health?wait_for_status=yellow&timeout=1s"
         try:
             with urllib.request.urlopen(self.url + query, timeout=10) as resp:

@@ -328,11 +328,56 @@ class ServerProcess:
     a graceful stop, the crash a test inflicts, a restart on the same ports and data, and
     `with` (which stops it, or `close`s it where a subclass has more to clean up)."""
 
+    NAME = "a server"
+    START_TIMEOUT_S = 120.0
     STOP_GRACE_S = 60.0  # after SIGTERM, before SIGKILL
+    PORT_LOST = re.compile(r"Address already in use")  # its log when another process won a port
     _proc: GroupProcess | None = None
+    _auto_port = False  # ports chosen here (not by the caller) may be chosen again
+    stop_at_exit = True
+    port: int
+
+    def _launch(self) -> GroupProcess:
+        """Write the configuration and start the server's process group."""
+        raise NotImplementedError
+
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    def _ports(self) -> list[int]:
+        return [self.port]
+
+    def _new_ports(self) -> None:
+        self.port = free_port()
 
     def start(self) -> Self:
-        raise NotImplementedError
+        """Start; return once ready. A port another process took between `free_port` and the
+        bind is retried on fresh ports, where the caller did not choose them."""
+        if self.running:
+            return self
+        for attempt in range(4):
+            may_retry = self._auto_port and attempt < 3
+            if not all(port_is_free(p) for p in self._ports()):
+                if may_retry:
+                    self._new_ports()
+                    continue
+                ports = " or ".join(str(p) for p in self._ports())
+                raise ServiceUnavailable(f"{self.NAME} cannot start: port {ports} is already in use")
+            proc = self._proc = self._launch()
+            try:
+                wait_until(self._ready, proc, self.START_TIMEOUT_S, f"{self.NAME} on port {self.port}")
+            except ServiceUnavailable:
+                tail = proc.tail()
+                self.kill9()
+                if may_retry and self.PORT_LOST.search(tail):
+                    self._new_ports()
+                    continue
+                raise
+            self._auto_port = False  # from now on restarts keep these ports
+            if self.stop_at_exit:
+                register(self)
+            return self
+        raise AssertionError("unreachable")
 
     @property
     def running(self) -> bool:

@@ -13,12 +13,8 @@ from cdc.local.process import (
     LOCALHOST,
     GroupProcess,
     ServerProcess,
-    ServiceUnavailable,
     free_port,
-    port_is_free,
-    register,
     require_command,
-    wait_until,
 )
 
 
@@ -28,6 +24,7 @@ class LocalRedis(ServerProcess):
     Ready once it answers PING.
     """
 
+    NAME = "Redis"
     START_TIMEOUT_S = 30.0
     STOP_GRACE_S = 30.0  # without persistence redis exits at once on SIGTERM
 
@@ -54,36 +51,12 @@ class LocalRedis(ServerProcess):
             "--dir", str(self.data_dir),
         ]  # fmt: skip
 
-    def start(self) -> LocalRedis:
-        """Start the server; return once it answers PING."""
-        if self.running:
-            return self
+    def _launch(self) -> GroupProcess:
         server = require_command("redis-server", "`apt-get install redis-server`")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        for attempt in range(4):
-            if not port_is_free(self.port):
-                if self._auto_port and attempt < 3:
-                    self.port = free_port()
-                    continue
-                raise ServiceUnavailable(f"Redis cannot start: port {self.port} is already in use")
-            self._proc = GroupProcess(self._argv(server), self.log_path, cwd=self.data_dir)
-            try:
-                wait_until(self._pong, self._proc, self.START_TIMEOUT_S, f"Redis on port {self.port}")
-            except ServiceUnavailable as exc:
-                tail = self._proc.tail()
-                self._proc.kill9()
-                self._proc = None
-                if self._auto_port and attempt < 3 and "Address already in use" in tail:
-                    self.port = free_port()  # lost a port race
-                    continue
-                raise exc from None
-            self._auto_port = False  # from now on restarts keep this port
-            if self.stop_at_exit:
-                register(self)
-            return self
-        raise AssertionError("unreachable")
+        return GroupProcess(self._argv(server), self.log_path, cwd=self.data_dir)
 
-    def _pong(self) -> bool:
+    def _ready(self) -> bool:
         """PING in the inline protocol: no client library needed to know it serves."""
         try:
             with socket.create_connection((LOCALHOST, self.port), timeout=2) as sock:
