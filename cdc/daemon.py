@@ -15,14 +15,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import orjson
 import psycopg
 from kafka.errors import KafkaError
 
 from cdc import accel
 from cdc.config import Config, TopicConfig
 from cdc.events.changes import ChangeRenderer, NoKey
-from cdc.events.records import TRUNCATE_KEY, KeyUnavailable, Record, Txn
+from cdc.events.records import TRUNCATE_KEY, KeyUnavailable, Record, TableEvents, Txn
+from cdc.events.shapes import schemas_topic, version_record
 from cdc.kafka.acks import Acks
+from cdc.kafka.heartbeat import INTERVAL_S as HEARTBEAT_INTERVAL_S
+from cdc.kafka.heartbeat import heartbeat_record, heartbeat_topic
 from cdc.kafka.producer import Producer, ProducerError, RecordTooLarge, make_producer
 from cdc.kafka.topics import TopicAdmin, TopicError
 from cdc.metrics import Metrics
@@ -116,6 +120,8 @@ class Daemon:
         self._txn: Txn | None = None
         self._stream_xid: int | None = None
         self._table_counts: dict[str, int] = {}
+        self._versions: dict[str, bytes] = {}  # topic -> the shape last sent to the schema topic
+        self._heartbeat: tuple[int, float] = (0, 0.0)  # (LSN, monotonic time) of the last heartbeat
         self._bytes = 0
         self._exported: tuple[ReplicationConnection, str] | None = None
 
@@ -166,7 +172,8 @@ class Daemon:
             self.admin = TopicAdmin(cfg.topic)
             topics = [topic_name(cfg.topic.prefix, t.schema, t.table) for t in self.tables]
             infos = self.admin.ensure(topics)
-            infos.update(self.admin.ensure([state_topic(cfg.topic.prefix)], partitions=1))
+            internal = [state_topic(cfg.topic.prefix), schemas_topic(cfg.topic.prefix), heartbeat_topic(cfg.topic.prefix)]
+            infos.update(self.admin.ensure(internal, partitions=1))
             state = load_state(cfg)
         self._remember_topics(infos)
         return state
@@ -367,6 +374,7 @@ class Daemon:
         cfg = self.config
         self.repl = self._connect_replication()
         self.renderer.reset()
+        self._versions.clear()
         self.incremental.rewind()
         self.spill.clear()
         self.decoder = pgoutput.Decoder()
@@ -460,6 +468,7 @@ class Daemon:
             self._txn = None
         elif isinstance(msg, pgoutput.Relation):
             self.renderer.relation(msg)
+            self._publish_version(self.renderer.tables.get(msg.oid), self._txn)
         elif isinstance(msg, pgoutput.StreamStart):
             self._stream_xid = msg.xid
         elif isinstance(msg, pgoutput.StreamStop):
@@ -477,6 +486,7 @@ class Daemon:
         signal's own transaction, so the slot is never confirmed past an unrecorded request."""
         records, changed = self.incremental.on_message(msg.content, msg.lsn, self._txn)
         if records:
+            self._publish_version(self.incremental.closed_events, self._txn)
             self._send(records)
         if changed:
             send_state(self.acks.producer, self.config.topic.prefix, self.incremental.durable)  # type: ignore[arg-type]
@@ -500,6 +510,7 @@ class Daemon:
                 self._send(records)
             elif isinstance(msg, pgoutput.Relation):
                 self.renderer.relation(msg)
+                self._publish_version(self.renderer.tables.get(msg.oid), txn)
             if n % 5000 == 4999:
                 self.acks.advance()
                 self._send_status()
@@ -509,6 +520,18 @@ class Daemon:
         )
         self.acks.commit(commit.end_lsn, commit.commit_ts_us)
         self.incremental.note_commit(commit.xid)
+
+    def _publish_version(self, events: TableEvents | None, txn: Txn | None) -> None:
+        """A table's new shape goes to the schema topic ahead of its first event (once per
+        shape and connection: a reconnect resends every Relation, and the shape again)."""
+        if events is None:
+            return
+        shape = orjson.dumps(events.shape)
+        if self._versions.get(events.topic) == shape:
+            return
+        from_lsn = txn.commit_lsn if txn is not None else self.acks.confirmed
+        self._send([version_record(events, from_lsn)])
+        self._versions[events.topic] = shape
 
     def _send(self, records: list[Record]) -> None:
         """The records of one change (all of one table, except a multi-table truncate)."""
@@ -530,6 +553,7 @@ class Daemon:
         self.sent_confirmed = confirmed
         if self.incremental.progress and self.incremental.progress[0][0] < confirmed:
             self._record_progress()
+        self._beat(confirmed, now)
         m = self.metrics
         m.acked_lsn.set(confirmed)
         m.server_lsn.set(self.server_wal_end)
@@ -542,6 +566,13 @@ class Daemon:
         self._table_counts.clear()
         m.bytes.inc(self._bytes)
         self._bytes = 0
+
+    def _beat(self, confirmed: int, now: float) -> None:
+        """Tell consumers how far the topics are complete (see cdc.kafka.heartbeat)."""
+        lsn, sent_at = self._heartbeat
+        if confirmed > lsn and now - sent_at >= HEARTBEAT_INTERVAL_S and self.acks.producer is not None:
+            self.acks.send([heartbeat_record(self.config.topic.prefix, self.config.source.slot, confirmed)])
+            self._heartbeat = (confirmed, now)
 
     def _record_progress(self, wait_s: float = 0.0) -> None:
         """Incremental snapshot progress becomes durable only once the server's slot is past the

@@ -80,6 +80,7 @@ class IncrementalSnapshots:
         self.durable = durable
         self.live = copy.deepcopy(durable)
         self.chunk: Chunk | None = None
+        self.closed_events: TableEvents | None = None  # the table of the chunk closed last
         self.progress: deque[tuple[int, SnapshotState]] = deque()  # (watermark LSN, state after that chunk)
         self.recent: dict[int, None] = {}  # xids of the last commits streamed, oldest first
         self._conn: psycopg.Connection | None = None
@@ -203,6 +204,7 @@ class IncrementalSnapshots:
         self.chunk = None
         events = chunk.events
         source = events.source(txn.commit_ts_us, "incremental", txn.commit_lsn, 0, None, txn.commit_lsn)
+        self.closed_events = events  # the daemon publishes its shape, should it be new
         records = [
             Record(events.topic, key, events.envelope("r", None, after, source), events.name)
             for key, after in chunk.rows.items()

@@ -29,6 +29,7 @@ import psycopg
 from cdc.config import Config, secrets_of
 from cdc.events.changes import ChangeRenderer
 from cdc.events.records import TableEvents
+from cdc.events.shapes import version_record
 from cdc.kafka.acks import Acks
 from cdc.kafka.producer import make_producer
 from cdc.naming import qualified, quote_literal, topic_name
@@ -187,6 +188,9 @@ class InitialSnapshot:
             "snapshot of %d tables (~%d rows) at %s with %d readers",
             len(described), sum(estimates.values()), format_lsn(consistent_point), cfg.snapshot.parallelism,
         )
+        # the shapes the readers render with reach the schema topic before any row
+        self.acks.send([version_record(table_events(self.catalog, cfg, t), consistent_point) for t in described])
+        deliver(self.producer, cfg.topic.delivery_timeout_ms / 1000)
         runs = {t.display: _TableRun(t, sum(1 for task in tasks if task.table is t)) for t in described}
         progress = Progress(estimates, cfg.snapshot.progress)
         ctx = multiprocessing.get_context("spawn")

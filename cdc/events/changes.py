@@ -23,6 +23,7 @@ from cdc.events.records import (
     TableEvents,
     Txn,
 )
+from cdc.events.shapes import column_shape
 from cdc.events.types import converter, field_schema
 from cdc.naming import TablePattern, parse_table_pattern, topic_name
 from cdc.source import pgoutput
@@ -101,17 +102,19 @@ class ChangeRenderer:
                 f"ALTER TABLE {display} REPLICA IDENTITY USING INDEX <unique index>"
             )
         not_null = set(key_names)
-        rendered = []
+        rendered, shape = [], []
         for col in columns:
             pgtype = self.catalog.pg_type(col.type_oid)
+            connect = field_schema(pgtype, col.type_modifier, col.name, col.name not in not_null)
             rendered.append(
                 Column(
                     name=col.name,
                     convert=converter(pgtype, col.type_modifier),
                     placeholder=TOAST_PLACEHOLDER_BYTES if pgtype.name == "bytea" else TOAST_PLACEHOLDER,
-                    schema=field_schema(pgtype, col.type_modifier, col.name, col.name not in not_null),
+                    schema=connect,
                 )
             )
+            shape.append(column_shape(pgtype, col.type_modifier, col.name, col.name in key_names, connect))
         events = self.tables[oid] = TableEvents(
             prefix=self.prefix,
             database=self.database,
@@ -121,6 +124,7 @@ class ChangeRenderer:
             columns=rendered,
             key_indexes=[names.index(k) for k in key_names],
             with_schemas=self.with_schemas,
+            shape=shape,
         )
         if events.c_encoder is not None and self.render_xlogdata is not None:
             self.c_encoders[oid] = events.c_encoder

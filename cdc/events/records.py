@@ -90,6 +90,8 @@ class TableEvents:
     columns: list[Column]
     key_indexes: list[int]
     with_schemas: bool = False
+    #: each column as the sinks read it (cdc.events.shapes.column_shape), for the schema topic
+    shape: list[dict[str, Any]] = field(default_factory=list)
     _names: list[str] = field(init=False)
     _key_names: list[str] = field(init=False)
     _envelope_schema: bytes | None = field(init=False, default=None)

@@ -1,0 +1,28 @@
+"""The daemon's progress in the topics, for consumers: `<prefix>.__cdc_heartbeat`.
+
+One compacted record per slot, sent whenever the confirmed LSN moved (at most once a
+second): "every transaction that committed at or below `lsn` is in the topics". A sink
+that has read every topic past this record's offset is complete up to `lsn`, also for
+tables that see no traffic (Debezium's heartbeat topic plays the same part).
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+
+from cdc.events.records import Record
+
+HEARTBEAT_SUFFIX = "__cdc_heartbeat"
+INTERVAL_S = 1.0
+
+
+def heartbeat_topic(prefix: str) -> str:
+    """One segment after the prefix: never a table's topic (those have two)."""
+    return f"{prefix}.{HEARTBEAT_SUFFIX}"
+
+
+def heartbeat_record(prefix: str, slot: str, lsn: int) -> Record:
+    value = orjson.dumps({"slot": slot, "lsn": str(lsn), "ts_ms": int(time.time() * 1000)})
+    return Record(heartbeat_topic(prefix), slot.encode(), value, HEARTBEAT_SUFFIX)
