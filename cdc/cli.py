@@ -228,6 +228,90 @@ def show_config(config: Config, table: bool) -> None:
 
 
 @main.command()
+@click.argument("store", metavar="STORE")
+@click.option("--once", is_flag=True, help="Apply what the topics hold now, then exit 0 (Spark's available-now trigger).")
+@click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
+@_with_config
+def sink(config: Config, store: str, once: bool, in_driver: bool) -> None:
+    """Run a Spark sink job: STORE is `delta` (the warehouse under [delta] path).
+
+    With [spark] master = local[N] the job runs in this process; with spark://host:port
+    it is submitted to that cluster. It streams until SIGTERM/SIGINT, which let the
+    running micro-batch finish; offsets live in [spark] checkpoint_dir/<STORE>."""
+    from cdc.source.replication import format_lsn
+    from sinks.job import SinkStopped, StopSignal, TypeConflict
+    from sinks.runner import run_here, run_submitted
+
+    if config.spark.master.startswith("spark://") and not in_driver:
+        config_path = click.get_current_context().params.get("config_path")
+        sys.exit(run_submitted(config, store, config_path, once))
+    try:
+        progress = run_here(config, store, once, StopSignal())
+    except (SinkStopped, TypeConflict) as exc:
+        _fail(str(exc))
+    click.echo(
+        f"sink {store}: {progress.batches} batches, {len(progress.tables)} tables, complete up to LSN "
+        f"{format_lsn(progress.complete_lsn)}, {progress.dead_letters} dead letters"
+    )
+
+
+@main.group()
+def delta() -> None:
+    """Maintain the Delta warehouse under [delta] path."""
+
+
+@delta.command()
+@_with_config
+def optimize(config: Config) -> None:
+    """Compact the small files the micro-batches wrote, in every table."""
+    with _warehouse(config) as store:
+        for path, removed, added in store.optimize():
+            click.echo(f"{path}: {removed} files compacted into {added}")
+
+
+@delta.command()
+@click.option("--retain-hours", type=float, default=168.0, show_default=True,
+              help="Keep files a version younger than this still needs (time travel and running readers).")
+@_with_config
+def vacuum(config: Config, retain_hours: float) -> None:
+    """Delete files no recent version of any table needs."""
+    with _warehouse(config, {"spark.databricks.delta.retentionDurationCheck.enabled": "false"}) as store:
+        for path in store.vacuum(retain_hours):
+            click.echo(f"{path}: vacuumed (retaining {retain_hours:g} h)")
+
+
+@delta.command("rebuild-history")
+@_with_config
+def rebuild_history(config: Config) -> None:
+    """Rebuild every history/ table from changes/ (every version the change log holds)."""
+    from sinks.rebuild import rebuild_history as rebuild
+
+    with _warehouse(config) as store:
+        for table, versions in rebuild(store, config):
+            click.echo(f"{table}: {versions} versions")
+
+
+def _warehouse(config: Config, conf: dict[str, str] | None = None) -> Any:
+    """A local Spark session over the warehouse, stopped after the command."""
+    from contextlib import contextmanager
+
+    from sinks.delta import DeltaStore
+    from sinks.runner import check_store
+    from sinks.spark import build_session
+
+    @contextmanager
+    def session() -> Any:
+        check_store(config, "delta")
+        spark = build_session("cdc-delta-maintenance", master="local[2]", conf=conf)
+        try:
+            yield DeltaStore(spark, config.delta.path)
+        finally:
+            spark.stop()
+
+    return session()
+
+
+@main.command()
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the throwaway PostgreSQL and broker keep their data (default: a new temp dir).")
 @click.option("--keep", is_flag=True, help="Keep the services and the daemon running until Ctrl-C.")

@@ -19,6 +19,7 @@ import functools
 import json
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -144,6 +145,13 @@ def _check_skipped(where: str, value: str) -> None:
         raise ConfigError(
             f"{where} = {value!r}: cdc skips only truncates (\"t\"); skipping c, u or d would leave stale rows in the "
             "compacted topics for good: use \"t\" or \"none\""
+        )
+
+
+def _check_master(where: str, value: str) -> None:
+    if not re.fullmatch(r"local(\[(\d+|\*)\])?|spark://[^\s/]+:\d+", value):
+        raise ConfigError(
+            f"{where} {value!r} is not a Spark master: use local[N] (this process) or spark://host:port (a cluster)"
         )
 
 
@@ -305,6 +313,42 @@ class DaemonConfig:
     )
 
 
+@dataclass
+class SparkConfig:
+    """`[spark]`: how the sink jobs (`cdc sink ...`) run."""
+
+    master: str = opt(
+        "local[2]", "`local[N]` runs the job in this process; `spark://host:port` submits it to that cluster",
+        check=_check_master,
+    )
+    checkpoint_dir: str = opt(
+        ".cdc-checkpoints", "Structured Streaming checkpoints, a sub-folder per sink job (the Kafka offsets live "
+        "here: delete one to replay its job from the earliest offsets)",
+    )
+    max_offsets_per_trigger: int = opt(
+        200000, "most records one micro-batch reads (over all topics); bounds a batch's memory and time", low=1,
+    )
+    trigger_interval_s: float = opt(
+        1.0, "time between micro-batch starts while streaming (0: start the next as soon as one ends)",
+        low=0, high=3600,
+    )
+    on_malformed: str = opt(
+        "dlq", "`dlq`: a record that cannot be decoded goes to `<prefix>.__cdc_dlq` and the job goes on; "
+        "`stop`: the job stops with its reason",
+        choices=("dlq", "stop"),
+    )
+
+
+@dataclass
+class DeltaConfig:
+    """`[delta]`: the Delta warehouse (`cdc sink delta`)."""
+
+    path: str = opt(
+        "", "folder (or `s3a://`, `abfss://` URI) of the warehouse: `current/`, `changes/` and `history/` "
+        "under it", optional=True,
+    )
+
+
 SNAPSHOT_MODES = ("initial", "never", "initial_only", "when_needed")
 
 
@@ -315,6 +359,8 @@ class Config:
     events: EventsConfig = field(default_factory=EventsConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    delta: DeltaConfig = field(default_factory=DeltaConfig)
 
     def validate(self) -> Config:
         """Rules between settings (each value was checked on its own when read)."""

@@ -7,7 +7,7 @@ from typing import Any
 from cdc.config import Config
 from cdc.kafka.topics import TopicAdmin
 from cdc.source.preflight import connect_catalog
-from cdc.source.replication import format_lsn
+from cdc.source.replication import format_lsn, parse_lsn
 
 _SLOT_SQL = """
 SELECT s.slot_name, s.active, s.active_pid, s.confirmed_flush_lsn::text, s.restart_lsn::text, s.wal_status,
@@ -47,6 +47,7 @@ def collect(config: Config) -> dict[str, Any]:
     return {
         "slot": slot,
         "snapshot": _snapshot(config),
+        "sinks": _sinks(config, slot),
         "topics": {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in offsets.items()},
     }
 
@@ -68,6 +69,27 @@ def _snapshot(config: Config) -> dict[str, Any] | None:
             "chunks_done": inc.chunks, "rows_done": inc.rows,
         },
     }
+
+
+def _sinks(config: Config, slot: dict[str, Any] | None) -> dict[str, Any]:
+    """Each sink job's progress in LSN terms, with its lag behind the server and the slot."""
+    from compaction.progress import read_progress
+
+    out = {}
+    for job, record in sorted(read_progress(config.topic).items()):
+        complete = int(record["complete_lsn"])
+        entry: dict[str, Any] = {
+            "complete_lsn": format_lsn(complete),
+            "tables": {t: format_lsn(int(lsn)) for t, lsn in sorted(record["tables"].items())},
+            "dead_letters": record.get("dead_letters", 0),
+            "batch": record["batch"],
+            "updated_ms": record["ts_ms"],
+        }
+        if slot is not None:
+            entry["lag_bytes"] = max(0, parse_lsn(slot["server_lsn"]) - complete)
+            entry["behind_slot_bytes"] = max(0, parse_lsn(slot["confirmed_flush_lsn"] or "0/0") - complete)
+        out[job] = entry
+    return out
 
 
 def render(status: dict[str, Any]) -> str:
@@ -96,6 +118,11 @@ def render(status: dict[str, Any]) -> str:
             lines.append(
                 f"  incremental: {inc['current']} ({inc['chunks_done']} chunks, {inc['rows_done']:,} rows done){queued}"
             )
+    for job, sink in status["sinks"].items():
+        lag = f", {sink['lag_bytes']:,} bytes behind the server" if "lag_bytes" in sink else ""
+        lines.append(f"sink {job}: complete up to {sink['complete_lsn']}{lag}; {sink['dead_letters']} dead letters")
+        for table, lsn in sink["tables"].items():
+            lines.append(f"  {table}  applied up to {lsn}")
     lines.append("topics:" if status["topics"] else "topics: none yet")
     for topic, parts in status["topics"].items():
         total = sum(parts.values())

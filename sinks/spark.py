@@ -36,6 +36,7 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
         "spark.log.level": "WARN",  # also under spark-submit, whose default is INFO
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",  # timestamp (without time zone) columns keep their wall time
         "spark.sql.shuffle.partitions": "2",  # the default 200 costs seconds per micro-batch on 2 cores
     }
 

@@ -168,18 +168,19 @@ class TopicAdmin:
                 "([topic] security settings, ACLs)"
             ) from None
 
-    def ensure(self, names: list[str], partitions: int | None = None) -> dict[str, TopicInfo]:
-        """Create the missing topics compacted; refuse existing non-compacted ones unless allowed."""
+    def ensure(self, names: list[str], partitions: int | None = None, log_only: bool = False) -> dict[str, TopicInfo]:
+        """Create the missing topics compacted; refuse existing non-compacted ones unless allowed.
+        `log_only`: a plain log kept until deleted (dead letters: every record counts, none supersedes another)."""
         with self._broker_errors("describe or create the topics"):
-            return self._ensure(names, partitions or self.config.partitions)
+            return self._ensure(names, partitions or self.config.partitions, log_only)
 
-    def _ensure(self, names: list[str], partitions: int) -> dict[str, TopicInfo]:
+    def _ensure(self, names: list[str], partitions: int, log_only: bool = False) -> dict[str, TopicInfo]:
         from kafka.admin import NewTopic
         from kafka.errors import KafkaError, TopicAlreadyExistsError
 
         infos = self.describe(names)
         for info in infos.values():
-            if "compact" not in info.cleanup_policy.split(","):
+            if not log_only and "compact" not in info.cleanup_policy.split(","):
                 if not self.config.allow_non_compacted:
                     raise TopicError(
                         f"topic {info.name} has cleanup.policy={info.cleanup_policy}, not compact: compaction is what "
@@ -195,10 +196,12 @@ class TopicAdmin:
         missing = [n for n in names if n not in infos]
         if missing:
             topic_configs = {
-                "cleanup.policy": "compact",
+                "cleanup.policy": "delete" if log_only else "compact",
                 "min.insync.replicas": str(self.config.min_insync_replicas),
                 "max.message.bytes": str(self.config.max_message_bytes),
             }
+            if log_only:
+                topic_configs["retention.ms"] = "-1"
             new = [
                 NewTopic(n, partitions, self.config.replication_factor, topic_configs=topic_configs)
                 for n in missing
@@ -206,7 +209,10 @@ class TopicAdmin:
             for topic in new:
                 try:
                     self._admin.create_topics([topic])
-                    log.info("created topic %s (%d partitions, compacted)", topic.name, partitions)
+                    log.info(
+                        "created topic %s (%d partitions, %s)", topic.name, partitions,
+                        "kept until deleted" if log_only else "compacted",
+                    )
                 except TopicAlreadyExistsError:  # another process won the race: check what it made
                     pass
                 except KafkaError as exc:

@@ -1,0 +1,315 @@
+"""The Delta warehouse: `current/`, `changes/` and `history/` per table, with delta-spark.
+
+Exactly once per micro-batch, also across a crash between two commits, and also when the
+checkpoint is deleted and the topics are replayed:
+- `current` MERGEs by key and applies a change only over a lower stored position (a
+  lone tombstone, which has none, only over a lower offset of the same partition);
+- `changes` and new `history` versions are appended only above the table's own
+  per-partition offset watermark, read back from the table when the job starts. This
+  is what Delta's `txnAppId`/`txnVersion` gives, without tying it to a checkpoint: a
+  deleted checkpoint restarts batch ids at 0, and Delta would skip those versions;
+- closing `history` versions is offset-guarded, so a retried batch closes nothing twice.
+Tables use column mapping (any PostgreSQL column name works) and type widening.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from sinks import history
+from sinks.batch import UNAVAILABLE, TableBatch, TypeConflict
+from sinks.envelope import CHANGE_COLUMNS
+
+log = logging.getLogger(__name__)
+
+KINDS = ("current", "changes", "history")
+
+_CURRENT_META = StructType([
+    StructField("_cdc_key", StringType()),
+    StructField("_cdc_op", StringType()),
+    StructField("_cdc_lsn", LongType()),
+    StructField("_cdc_seq", LongType()),
+    StructField("_cdc_ts", TimestampType()),
+    StructField("_cdc_tx_id", LongType()),
+    StructField("_cdc_partition", IntegerType()),
+    StructField("_cdc_offset", LongType()),
+])
+_CHANGES = StructType([
+    StructField("_cdc_topic", StringType()),
+    StructField("_cdc_partition", IntegerType()),
+    StructField("_cdc_offset", LongType()),
+    StructField("_cdc_key", StringType()),
+    StructField("_cdc_op", StringType()),
+    StructField("_cdc_lsn", LongType()),
+    StructField("_cdc_seq", LongType()),
+    StructField("_cdc_ts", TimestampType()),
+    StructField("_cdc_tx_id", LongType()),
+    StructField("_cdc_snapshot", StringType()),
+    StructField("_cdc_tombstone", BooleanType()),
+    StructField("before", StringType()),
+    StructField("after", StringType()),
+])
+_HISTORY_META = StructType([
+    StructField("_cdc_key", StringType()),
+    StructField("_cdc_op", StringType()),
+    StructField("_cdc_valid_from", TimestampType()),
+    StructField("_cdc_valid_to", TimestampType()),
+    StructField("_cdc_valid_from_lsn", LongType()),
+    StructField("_cdc_valid_from_seq", LongType()),
+    StructField("_cdc_valid_to_lsn", LongType()),
+    StructField("_cdc_valid_to_seq", LongType()),
+    StructField("_cdc_is_current", BooleanType()),
+    StructField("_cdc_deleted", BooleanType()),
+    StructField("_cdc_tx_id", LongType()),
+    StructField("_cdc_partition", IntegerType()),
+    StructField("_cdc_offset", LongType()),
+])
+_PROPERTIES = {
+    "delta.columnMapping.mode": "name",
+    "delta.minReaderVersion": "2",
+    "delta.minWriterVersion": "5",
+    "delta.enableTypeWidening": "true",
+}
+_INTEGRAL = (ShortType, IntegerType, LongType)
+
+
+def q(name: str) -> str:
+    """A column name quoted for Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def widens(old: DataType, new: DataType) -> bool:
+    """Changes Delta's type widening takes in place (integral and float widening, a decimal's
+    precision and scale growing, date to timestamp_ntz)."""
+    if isinstance(old, _INTEGRAL) and isinstance(new, _INTEGRAL):
+        return _INTEGRAL.index(type(old)) < _INTEGRAL.index(type(new))
+    if isinstance(old, FloatType) and isinstance(new, DoubleType):
+        return True
+    if isinstance(old, DecimalType) and isinstance(new, DecimalType):
+        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+    return isinstance(old, DateType) and isinstance(new, TimestampNTZType)
+
+
+def table_path(root: str, kind: str, topic: str) -> str:
+    """`<root>/<kind>/<schema>/<table>` with the topic's escaped names (its last two parts)."""
+    schema, table = topic.rsplit(".", 2)[-2:]
+    return f"{root.rstrip('/')}/{kind}/{schema}/{table}"
+
+
+def _newer(s: str = "s", t: str = "t") -> str:
+    return f"({s}._cdc_lsn > {t}._cdc_lsn OR ({s}._cdc_lsn = {t}._cdc_lsn AND {s}._cdc_seq > {t}._cdc_seq))"
+
+
+def _above(watermarks: dict[int, int]) -> Column:
+    """Rows above the per-partition offset watermarks (partitions without one: all rows)."""
+    cond = F.lit(True)
+    for partition, offset in watermarks.items():
+        cond = cond & ((F.col("_cdc_partition") != partition) | (F.col("_cdc_offset") > offset))
+    return cond
+
+
+class DeltaStore:
+    """Writes every table of a micro-batch to the warehouse under `root`."""
+
+    name = "delta"
+
+    def __init__(self, spark: SparkSession, root: str) -> None:
+        self.spark = spark
+        self.root = root
+        self._watermarks: dict[str, dict[int, int]] = {}  # table path -> partition -> offset
+
+    # -- tables ----------------------------------------------------------------------
+    def _table(self, path: str, columns: dict[str, DataType], meta: StructType, what: str) -> DeltaTable:
+        """The Delta table at `path` with at least `columns` + `meta`: created, or evolved
+        (new columns added, types widened); a change it cannot take raises TypeConflict."""
+        spark = self.spark
+        if not DeltaTable.isDeltaTable(spark, path):
+            schema = StructType([StructField(n, t) for n, t in columns.items()] + list(meta.fields))
+            builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+            for key, value in _PROPERTIES.items():
+                builder = builder.property(key, value)
+            builder.execute()
+            return DeltaTable.forPath(spark, path)
+        table = DeltaTable.forPath(spark, path)
+        existing = {f.name: f.dataType for f in table.toDF().schema.fields}
+        added = [(n, t) for n, t in columns.items() if n not in existing]
+        if added:
+            ddl = ", ".join(f"{q(n)} {t.simpleString()}" for n, t in added)
+            spark.sql(f"ALTER TABLE delta.{q(path)} ADD COLUMNS ({ddl})")
+            log.info("%s: added columns %s", path, ", ".join(n for n, _ in added))
+        for name, new in columns.items():
+            old = existing.get(name)
+            if old is None or old == new:
+                continue
+            if not widens(old, new):
+                raise TypeConflict(
+                    f"table {what} column {name} changed from {old.simpleString()} to {new.simpleString()}, which "
+                    f"the Delta table {path} cannot take: rebuild it (delete the table and the sink's checkpoint) "
+                    "or cast the column back in PostgreSQL"
+                )
+            spark.sql(f"ALTER TABLE delta.{q(path)} ALTER COLUMN {q(name)} TYPE {new.simpleString()}")
+            log.info("%s: column %s widened from %s to %s", path, name, old.simpleString(), new.simpleString())
+            added.append((name, new))
+        return DeltaTable.forPath(spark, path) if added else table  # a new schema needs a new handle
+
+    def _watermark(self, path: str) -> dict[int, int]:
+        """Per partition, the highest offset the table holds (read once, then kept)."""
+        found = self._watermarks.get(path)
+        if found is None:
+            found = {}
+            if DeltaTable.isDeltaTable(self.spark, path):
+                rows = self.spark.read.format("delta").load(path).groupBy("_cdc_partition").agg(F.max("_cdc_offset"))
+                found = {int(p): int(o) for p, o in rows.collect() if p is not None}
+            self._watermarks[path] = found
+        return found
+
+    def _advance(self, path: str, offsets: dict[int, int]) -> None:
+        marks = self._watermark(path)
+        for partition, offset in offsets.items():
+            marks[partition] = max(marks.get(partition, -1), offset)
+
+    # -- writes ----------------------------------------------------------------------
+    def apply(self, batch: TableBatch) -> None:
+        took = []
+        for kind, write in (("changes", self._changes), ("current", self._current), ("history", self._history)):
+            started = time.monotonic()
+            write(batch)
+            took.append(f"{kind} {time.monotonic() - started:.1f} s")
+        log.debug("%s: %s", batch.display, ", ".join(took))
+
+    def _changes(self, batch: TableBatch) -> None:
+        path = table_path(self.root, "changes", batch.topic)
+        self._table(path, {}, _CHANGES, batch.display)
+        rows = batch.rows.where(_above(self._watermark(path))).select(*CHANGE_COLUMNS)
+        rows.write.format("delta").mode("append").save(path)
+        self._advance(path, batch.offsets)
+
+    def _current(self, batch: TableBatch) -> None:
+        path = table_path(self.root, "current", batch.topic)
+        table = self._table(path, batch.columns, _CURRENT_META, batch.display)
+        if batch.truncate is not None:
+            lsn, seq = batch.truncate
+            table.delete(f"_cdc_lsn < {lsn} OR (_cdc_lsn = {lsn} AND _cdc_seq < {seq})")
+        toasted = {n for n, t in batch.columns.items() if isinstance(t, (StringType, BinaryType, ArrayType))}
+        values: dict[str, str | Column] = {
+            q(n): (f"CASE WHEN array_contains(s.{UNAVAILABLE}, {_sql_string(n)}) THEN t.{q(n)} ELSE s.{q(n)} END"
+                   if n in toasted else f"s.{q(n)}")
+            for n in batch.columns
+        }
+        meta: dict[str, str | Column] = {q(f.name): f"s.{f.name}" for f in _CURRENT_META.fields}
+        inserts: dict[str, str | Column] = {q(n): f"s.{q(n)}" for n in batch.columns}
+        inserts.update(meta)
+        lone_tombstone = "s._cdc_lsn IS NULL AND s._cdc_partition = t._cdc_partition AND s._cdc_offset > t._cdc_offset"
+        (
+            table.alias("t")
+            .merge(batch.latest.alias("s"), "t._cdc_key = s._cdc_key")
+            .whenMatchedDelete(condition=f"s._cdc_delete AND ({_newer()} OR ({lone_tombstone}))")
+            .whenMatchedUpdate(condition=f"NOT s._cdc_delete AND {_newer()}", set=values | meta)
+            .whenNotMatchedInsert(condition="NOT s._cdc_delete", values=inserts)
+            .execute()
+        )
+
+    def _history(self, batch: TableBatch) -> None:
+        path = table_path(self.root, "history", batch.topic)
+        table = self._table(path, batch.columns, _HISTORY_META, batch.display)
+        first = history.first_changes(batch.rows)
+        closes_by_delete = "s._cdc_tombstone OR s._cdc_op = 'd'"
+        (
+            table.alias("t")
+            .merge(first.alias("s"), "t._cdc_key = s._cdc_key AND t._cdc_is_current AND t._cdc_offset < s._cdc_offset")
+            .whenMatchedUpdate(set={
+                "_cdc_valid_to": "s._cdc_ts",
+                "_cdc_valid_to_lsn": "s._cdc_lsn",
+                "_cdc_valid_to_seq": "s._cdc_seq",
+                "_cdc_is_current": "false",
+                "_cdc_deleted": closes_by_delete,
+            })
+            .execute()
+        )
+        for lsn, seq, ts_ms in batch.truncates:
+            table.update(
+                condition=f"_cdc_is_current AND (_cdc_valid_from_lsn < {lsn} OR "
+                f"(_cdc_valid_from_lsn = {lsn} AND _cdc_valid_from_seq < {seq}))",
+                set={
+                    "_cdc_valid_to": f"timestamp_millis({ts_ms})",
+                    "_cdc_valid_to_lsn": str(lsn),
+                    "_cdc_valid_to_seq": str(seq),
+                    "_cdc_is_current": "false",
+                    "_cdc_deleted": "true",
+                },
+            )
+        new = history.versions(batch.rows, batch.columns, batch.truncates).where(_above(self._watermark(path)))
+        new.write.format("delta").mode("append").save(path)
+        self._advance(path, batch.offsets)
+
+    # -- maintenance -----------------------------------------------------------------
+    def tables(self, kinds: tuple[str, ...] = KINDS) -> Iterator[str]:
+        """Every Delta table under the warehouse (`<kind>/<schema>/<table>`)."""
+        jvm, jsc = self.spark._jvm, self.spark._jsc
+        assert jvm is not None and jsc is not None
+        conf = jsc.hadoopConfiguration()
+        for kind in kinds:
+            top = jvm.org.apache.hadoop.fs.Path(f"{self.root.rstrip('/')}/{kind}")
+            fs = top.getFileSystem(conf)
+            if not fs.exists(top):
+                continue
+            for schema in fs.listStatus(top):
+                if not schema.isDirectory():
+                    continue
+                for table in fs.listStatus(schema.getPath()):
+                    path = table.getPath().toString()
+                    if table.isDirectory() and DeltaTable.isDeltaTable(self.spark, path):
+                        yield path
+
+    def optimize(self) -> list[tuple[str, int, int]]:
+        """Compact small files; (table, files removed, files added) per table."""
+        out = []
+        for path in self.tables():
+            metrics = DeltaTable.forPath(self.spark, path).optimize().executeCompaction().collect()[0].metrics
+            out.append((path, int(metrics.numFilesRemoved), int(metrics.numFilesAdded)))
+        return out
+
+    def vacuum(self, retain_hours: float) -> list[str]:
+        """Delete files no version younger than `retain_hours` needs."""
+        out = []
+        for path in self.tables():
+            DeltaTable.forPath(self.spark, path).vacuum(retain_hours)
+            out.append(path)
+        return out
+
+    def rebuild_history(self, rows: DataFrame, batch: TableBatch) -> None:
+        """Replace `history` of one table by the versions of every change in `changes`."""
+        path = table_path(self.root, "history", batch.topic)
+        self._table(path, batch.columns, _HISTORY_META, batch.display)
+        history.versions(rows, batch.columns, batch.truncates).write.format("delta").mode("overwrite").option(
+            "overwriteSchema", "false"
+        ).save(path)
+        self._watermarks.pop(path, None)
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -1,0 +1,286 @@
+"""A sink job: one Structured Streaming query from the table topics into one store.
+
+Per micro-batch (on the driver; the work runs on the executors): decode the records,
+send what cannot be decoded to the dead-letter topic, split by table, decode each event
+with its table version, let the store apply each table, then record the progress in LSN
+terms. Offsets live in the Spark checkpoint, which advances only after the batch
+function returned: a batch whose store write failed is read again.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdc.config import Config
+from cdc.kafka.topics import TopicAdmin
+from sinks import topics
+from sinks.batch import TableBatch, TypeConflict, decode_table, table_batch
+from sinks.envelope import change_rows
+from sinks.shapes import Registry
+
+log = logging.getLogger(__name__)
+
+
+class Store(Protocol):
+    name: str
+
+    def apply(self, batch: TableBatch) -> None: ...
+
+
+class SinkStopped(Exception):
+    """The job stopped on purpose: a record it must not skip, or a change the store cannot take."""
+
+
+@dataclass
+class Progress:
+    """How far a job got, in source terms (see `cdc status`)."""
+
+    tables: dict[str, int] = field(default_factory=dict)  # topic -> highest commit LSN applied
+    complete_lsn: int = 0  # every transaction committed at or below it is in the store
+    heartbeat_lsn: int = 0  # the newest daemon heartbeat read (complete after the next batch)
+    batches: int = 0
+    dead_letters: int = 0
+
+    def as_record(self, job: str, batch_id: int) -> dict[str, Any]:
+        return {
+            "job": job, "batch": batch_id, "tables": {t: str(v) for t, v in self.tables.items()},
+            "complete_lsn": str(self.complete_lsn), "heartbeat_lsn": str(self.heartbeat_lsn),
+            "dead_letters": self.dead_letters, "ts_ms": int(time.time() * 1000),
+        }
+
+    @classmethod
+    def from_record(cls, raw: dict[str, Any] | None) -> Progress:
+        if not raw:
+            return cls()
+        return cls(
+            {t: int(v) for t, v in raw.get("tables", {}).items()}, int(raw.get("complete_lsn", 0)),
+            int(raw.get("heartbeat_lsn", 0)), 0, int(raw.get("dead_letters", 0)),
+        )
+
+
+class SinkJob:
+    """The batch function of one job and its state between batches."""
+
+    def __init__(self, spark: SparkSession, config: Config, store: Store) -> None:
+        self.spark = spark
+        self.config = config
+        self.store = store
+        self.prefix = config.topic.prefix
+        self.heartbeat_topic = topics.internal(self.prefix, topics.HEARTBEAT)
+        self.schemas = topics.SchemaFeed(config.topic)
+        self.progress_log = topics.ProgressLog(config.topic, store.name)
+        self.progress = Progress.from_record(self.progress_log.last())
+        self.running = False  # a batch is being applied (SIGTERM waits for it)
+        self.failure: BaseException | None = None
+
+    def __call__(self, records: DataFrame, batch_id: int) -> None:
+        self.running = True
+        try:
+            self._batch(records, batch_id)
+        except BaseException as exc:
+            self.failure = exc
+            raise
+        finally:
+            self.running = False
+
+    def _batch(self, records: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        heartbeats = records.where(F.col("topic") == self.heartbeat_topic)
+        rows = change_rows(records.where(F.col("topic") != self.heartbeat_topic)).persist()
+        try:
+            stats = self._stats(rows)
+            beat = heartbeats.select(
+                F.max(F.get_json_object(F.col("value").cast("string"), "$.lsn").try_cast("long"))
+            ).first()
+            registry = self.schemas.refresh() if stats else self.schemas.registry
+            bad = [rows.where(F.col("_cdc_error").isNotNull())] if any(s["errors"] for s in stats.values()) else []
+            good = rows.where(F.col("_cdc_error").isNull())
+            applied: dict[str, int] = {}
+            for topic, stat in sorted(stats.items()):
+                if stat["low"] is None and not stat["truncates"] and stat["count"] == stat["errors"]:
+                    continue  # nothing but dead letters
+                table_rows = good.where(F.col("_cdc_topic") == topic)
+                if not registry.versions(topic):
+                    reason = f"no table version for {topic} in {topics.internal(self.prefix, topics.SCHEMAS)}"
+                    bad.append(table_rows.withColumn("_cdc_error", F.lit(reason)))
+                    continue
+                batch, decode_errors = self._table(registry, topic, stat, table_rows)
+                if decode_errors is not None:
+                    bad.append(decode_errors)
+                self.store.apply(batch)
+                if stat["high"] is not None:
+                    applied[topic] = stat["high"]
+            self._dead_letters(bad)
+            self._record(batch_id, applied, beat[0] if beat else None)
+            log.info(
+                "batch %d: %d records of %d tables in %.1f s", batch_id, sum(s["count"] for s in stats.values()),
+                len(stats), time.monotonic() - started,
+            )
+        finally:
+            rows.unpersist()
+
+    def _stats(self, rows: DataFrame) -> dict[str, dict[str, Any]]:
+        """Per topic: record and error counts, commit LSN range, truncates, max offset per partition."""
+        good = F.col("_cdc_error").isNull()
+        truncate = F.when(good & (F.col("_cdc_op") == "t"), F.struct(
+            "_cdc_lsn", "_cdc_seq", (F.unix_millis(F.col("_cdc_ts"))).alias("ts")
+        ))
+        per_partition = rows.groupBy("_cdc_topic", "_cdc_partition").agg(
+            F.count(F.lit(1)).alias("count"),
+            F.count(F.when(~good, 1)).alias("errors"),
+            F.min(F.when(good, F.col("_cdc_lsn"))).alias("low"),
+            F.max(F.when(good, F.col("_cdc_lsn"))).alias("high"),
+            F.max("_cdc_offset").alias("offset"),
+            F.collect_list(truncate).alias("truncates"),
+        ).collect()
+        stats: dict[str, dict[str, Any]] = {}
+        for row in per_partition:
+            stat = stats.setdefault(row["_cdc_topic"], {
+                "count": 0, "errors": 0, "low": None, "high": None, "offsets": {}, "truncates": [],
+            })
+            stat["count"] += row["count"]
+            stat["errors"] += row["errors"]
+            for name, pick in (("low", min), ("high", max)):
+                if row[name] is not None:
+                    stat[name] = row[name] if stat[name] is None else pick(stat[name], row[name])
+            stat["offsets"][row["_cdc_partition"]] = row["offset"]
+            stat["truncates"] += [(t["_cdc_lsn"], t["_cdc_seq"], t["ts"]) for t in row["truncates"]]
+        for stat in stats.values():
+            stat["truncates"].sort()
+        return stats
+
+    def _table(
+        self, registry: Registry, topic: str, stat: dict[str, Any], rows: DataFrame
+    ) -> tuple[TableBatch, DataFrame | None]:
+        low = stat["low"] if stat["low"] is not None else 0
+        high = stat["high"] if stat["high"] is not None else low
+        decoded, columns = decode_table(rows, registry, topic, low, high)
+        decoded = decoded.persist()
+        errors = decoded.where(F.col("_cdc_error").isNotNull())
+        has_errors = bool(errors.take(1))
+        newest = registry.at(topic, high) or registry.versions(topic)[0]
+        batch = table_batch(
+            decoded.where(F.col("_cdc_error").isNull()), newest, columns, stat["truncates"], stat["offsets"]
+        )
+        return batch, errors if has_errors else None
+
+    def _dead_letters(self, bad: list[DataFrame]) -> None:
+        if not bad:
+            return
+        letters = bad[0]
+        for more in bad[1:]:
+            letters = letters.unionByName(more, allowMissingColumns=True)
+        letters = letters.select("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_key", "_cdc_error", "_value")
+        letters = letters.persist()
+        try:
+            first = letters.select("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_error").take(1)
+            if not first:
+                return
+            where = f"{first[0][0]} partition {first[0][1]} offset {first[0][2]}"
+            if self.config.spark.on_malformed == "stop":
+                raise SinkStopped(
+                    f"record {where} cannot be decoded: {first[0][3]} (set [spark] on_malformed = \"dlq\" to send "
+                    "such records to the dead-letter topic and go on)"
+                )
+            topics.write_dead_letters(letters, self.config.topic)
+            count = letters.count()
+            self.progress.dead_letters += count
+            log.warning(
+                "%d records to %s, the first %s: %s", count, topics.internal(self.prefix, topics.DLQ), where,
+                first[0][3],
+            )
+        finally:
+            letters.unpersist()
+
+    def _record(self, batch_id: int, applied: dict[str, int], beat: int | None) -> None:
+        """Every record below a heartbeat read in an earlier batch was in the topics when this
+        batch's offsets were taken, so this batch completes the store up to that heartbeat."""
+        progress = self.progress
+        for topic, lsn in applied.items():
+            progress.tables[topic] = max(progress.tables.get(topic, 0), lsn)
+        progress.complete_lsn = max(progress.complete_lsn, progress.heartbeat_lsn)
+        if beat is not None:
+            progress.heartbeat_lsn = max(progress.heartbeat_lsn, beat)
+        progress.batches += 1
+        self.progress_log.send(progress.as_record(self.store.name, batch_id))
+
+    def close(self) -> None:
+        self.schemas.close()
+        self.progress_log.close()
+
+
+def ensure_topics(config: Config) -> None:
+    """The topics a job reads or writes beyond the tables' (a job may start before the daemon)."""
+    prefix = config.topic.prefix
+    admin = TopicAdmin(config.topic)
+    try:
+        admin.ensure([topics.internal(prefix, s) for s in (topics.SCHEMAS, topics.HEARTBEAT, topics.PROGRESS)], 1)
+        admin.ensure([topics.internal(prefix, topics.DLQ)], 1, log_only=True)
+    finally:
+        admin.close()
+
+
+def run(
+    spark: SparkSession, config: Config, store: Store, checkpoint: str, once: bool,
+    stop_requested: Callable[[], bool] = lambda: False,
+) -> Progress:
+    """Run the job until its topics are drained (`once`) or a stop is requested.
+
+    A failed batch fails the query: the error is raised here, and the caller may start
+    the job again from the same checkpoint (nothing after the last good batch is lost)."""
+    job = SinkJob(spark, config, store)
+    reader = (
+        spark.readStream.format("kafka")
+        .options(**topics.spark_options(config.topic))
+        .option("subscribePattern", topics.subscription(config.topic.prefix))
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(config.spark.max_offsets_per_trigger))
+        # compaction leaves offset gaps and log cleaning moves the start: both are expected
+        .option("failOnDataLoss", "false")
+        .load()
+    )
+    writer = reader.writeStream.foreachBatch(job).option("checkpointLocation", checkpoint)
+    if once:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{config.spark.trigger_interval_s} seconds")
+    query = writer.queryName(f"cdc-sink-{store.name}").start()
+    try:
+        while query.isActive:
+            if stop_requested() and not job.running:
+                query.stop()
+                break
+            query.awaitTermination(1)
+        if job.failure is not None:
+            raise job.failure
+        if query.exception() is not None:
+            raise RuntimeError(str(query.exception()).splitlines()[0])
+    finally:
+        if query.isActive:
+            query.stop()
+        job.close()
+    return job.progress
+
+
+class StopSignal:
+    """SIGTERM/SIGINT ask the job to stop after its running batch."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.requested.set())
+
+    def __call__(self) -> bool:
+        return self.requested.is_set()
+
+
+__all__ = ["SinkJob", "SinkStopped", "Store", "TypeConflict", "ensure_topics", "run", "StopSignal"]

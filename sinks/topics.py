@@ -1,0 +1,156 @@
+"""What a sink job reads and writes in Kafka besides the table topics.
+
+- Spark's Kafka options from `[topic]` (servers and security, the same as the daemon's);
+- the subscription: every table topic of the prefix and the daemon's heartbeat;
+- `<prefix>.__cdc_schemas`, followed by the driver (table versions, cdc.events.shapes);
+- `<prefix>.__cdc_dlq`: dead letters, written from the executors by Spark's Kafka writer;
+- `<prefix>.__cdc_sinks`: each job's progress in LSN terms (read by `cdc status`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from cdc.config import TopicConfig
+from cdc.kafka.security import security_settings
+from compaction.progress import SINKS_SUFFIX as PROGRESS
+from compaction.progress import read_progress
+from sinks.shapes import Registry, Version
+
+SCHEMAS = "__cdc_schemas"
+HEARTBEAT = "__cdc_heartbeat"
+DLQ = "__cdc_dlq"
+
+_JAAS = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def internal(prefix: str, suffix: str) -> str:
+    return f"{prefix}.{suffix}"
+
+
+def subscription(prefix: str) -> str:
+    """Java regex of the topics a sink reads: `<prefix>.<schema>.<table>` and the heartbeat
+    (the other internal topics have a single segment after the prefix, like the heartbeat)."""
+    return rf"{re.escape(prefix)}\.([^.]+\.[^.]+|{HEARTBEAT})"
+
+
+def _jaas_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def spark_options(config: TopicConfig) -> dict[str, str]:
+    """`kafka.*` options of Spark's Kafka source and sink: servers and security."""
+    out = {"kafka.bootstrap.servers": config.bootstrap_servers, "kafka.security.protocol": config.security_protocol}
+    if config.sasl_mechanism:
+        out["kafka.sasl.mechanism"] = config.sasl_mechanism
+        out["kafka.sasl.jaas.config"] = (
+            f"{_JAAS[config.sasl_mechanism]} required username={_jaas_quote(config.sasl_username)} "
+            f"password={_jaas_quote(config.sasl_password)};"
+        )
+    if config.ssl_cafile:
+        out["kafka.ssl.truststore.type"] = "PEM"
+        out["kafka.ssl.truststore.location"] = config.ssl_cafile
+    if config.ssl_certfile:
+        out["kafka.ssl.keystore.type"] = "PEM"
+        out["kafka.ssl.keystore.certificate.chain"] = Path(config.ssl_certfile).read_text()
+        out["kafka.ssl.keystore.key"] = Path(config.ssl_keyfile).read_text()
+    return out
+
+
+def _consumer(config: TopicConfig) -> Any:
+    from kafka import KafkaConsumer
+
+    return KafkaConsumer(
+        bootstrap_servers=config.bootstrap_servers.split(","),
+        client_id="cdc-sink",
+        group_id=None,
+        enable_auto_commit=False,
+        **security_settings(config),
+    )
+
+
+class SchemaFeed:
+    """The driver's view of `<prefix>.__cdc_schemas`: `refresh` reads what is new."""
+
+    def __init__(self, config: TopicConfig) -> None:
+        from kafka.structs import TopicPartition
+
+        self.registry = Registry()
+        self._consumer = _consumer(config)
+        self._tp = TopicPartition(internal(config.prefix, SCHEMAS), 0)
+        self._consumer.assign([self._tp])
+        self._consumer.seek_to_beginning(self._tp)
+
+    def refresh(self, timeout_s: float = 30.0) -> Registry:
+        consumer, tp = self._consumer, self._tp
+        end = consumer.end_offsets([tp])[tp]
+        deadline = time.monotonic() + timeout_s
+        while consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {tp.topic} made no progress for {timeout_s:.0f} s")
+            for records in consumer.poll(timeout_ms=1000).values():
+                for record in records:
+                    if record.value is not None:
+                        self.registry.add(Version.from_record(record.value))
+        return self.registry
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def write_dead_letters(rows: DataFrame, config: TopicConfig) -> None:
+    """Rows with `_cdc_error` to `<prefix>.__cdc_dlq`: key as it was, the value a JSON object
+    with the reason, where the record was, and its value as text."""
+    letter = F.to_json(F.struct(
+        F.col("_cdc_error").alias("reason"),
+        F.col("_cdc_topic").alias("topic"),
+        F.col("_cdc_partition").alias("partition"),
+        F.col("_cdc_offset").alias("offset"),
+        F.col("_value").alias("value"),
+    ))
+    (
+        rows.select(F.col("_cdc_key").alias("key"), letter.alias("value"))
+        .write.format("kafka")
+        .options(**spark_options(config))
+        .option("topic", internal(config.prefix, DLQ))
+        .save()
+    )
+
+
+class ProgressLog:
+    """One compacted record per sink job in `<prefix>.__cdc_sinks`, sent after each batch."""
+
+    def __init__(self, config: TopicConfig, job: str) -> None:
+        self.config = config
+        self.job = job
+        self.topic = internal(config.prefix, PROGRESS)
+        self._producer: Any = None
+
+    def last(self) -> dict[str, Any] | None:
+        """This job's latest record (None before its first batch)."""
+        return read_progress(self.config).get(self.job)
+
+    def send(self, progress: dict[str, Any]) -> None:
+        from kafka import KafkaProducer
+
+        if self._producer is None:
+            self._producer = KafkaProducer(
+                bootstrap_servers=self.config.bootstrap_servers.split(","), acks="all", **security_settings(self.config)
+            )
+        self._producer.send(self.topic, key=self.job.encode(), value=orjson.dumps(progress))
+        self._producer.flush(30)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close(5)
