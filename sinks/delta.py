@@ -88,12 +88,12 @@ _HISTORY_META = StructType([
     StructField("_cdc_partition", IntegerType()),
     StructField("_cdc_offset", LongType()),
 ])
-_PROPERTIES = {
-    "delta.columnMapping.mode": "name",
-    "delta.minReaderVersion": "2",
-    "delta.minWriterVersion": "5",
-    "delta.enableTypeWidening": "true",
-}
+# Column mapping lets a table hold any PostgreSQL column name, but only some readers know it
+# (delta-rs's `to_pyarrow_table()` reads such a table as nulls; its QueryBuilder reads it
+# right), so a table gets it only for a name Parquet cannot hold. Likewise type widening
+# (delta-rs cannot read it at all) is enabled only when a column widens.
+_COLUMN_MAPPING = {"delta.columnMapping.mode": "name", "delta.minReaderVersion": "2", "delta.minWriterVersion": "5"}
+_PARQUET_UNSAFE = set(" ,;{}()\n\t=")
 _INTEGRAL = (ShortType, IntegerType, LongType)
 
 
@@ -112,6 +112,11 @@ def widens(old: DataType, new: DataType) -> bool:
     if isinstance(old, DecimalType) and isinstance(new, DecimalType):
         return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
     return isinstance(old, DateType) and isinstance(new, TimestampNTZType)
+
+
+def needs_column_mapping(columns: dict[str, DataType]) -> bool:
+    """A column name Parquet cannot hold (Delta refuses it without column mapping)."""
+    return any(_PARQUET_UNSAFE.intersection(name) for name in columns)
 
 
 def table_path(root: str, kind: str, topic: str) -> str:
@@ -154,7 +159,7 @@ class DeltaStore:
         if not DeltaTable.isDeltaTable(spark, path):
             schema = StructType([StructField(n, t) for n, t in columns.items()] + list(meta.fields))
             builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-            for key, value in _PROPERTIES.items():
+            for key, value in (_COLUMN_MAPPING if needs_column_mapping(columns) else {}).items():
                 builder = builder.property(key, value)
             builder.execute()
             table = DeltaTable.forPath(spark, path)
@@ -164,6 +169,10 @@ class DeltaStore:
         existing = {f.name: f.dataType for f in table.toDF().schema.fields}
         added = [(n, t) for n, t in columns.items() if n not in existing]
         if added:
+            detail = table.detail().first()
+            mapped = detail is not None and detail["properties"].get("delta.columnMapping.mode", "none") != "none"
+            if needs_column_mapping(dict(added)) and not mapped:
+                self._set_properties(path, _COLUMN_MAPPING)
             ddl = ", ".join(f"{q(n)} {t.simpleString()}" for n, t in added)
             spark.sql(f"ALTER TABLE delta.{q(path)} ADD COLUMNS ({ddl})")
             log.info("%s: added columns %s", path, ", ".join(n for n, _ in added))
@@ -177,6 +186,7 @@ class DeltaStore:
                     f"the Delta table {path} cannot take: rebuild it (delete the table and the sink's checkpoint) "
                     "or cast the column back in PostgreSQL"
                 )
+            self._set_properties(path, {"delta.enableTypeWidening": "true"})
             spark.sql(f"ALTER TABLE delta.{q(path)} ALTER COLUMN {q(name)} TYPE {new.simpleString()}")
             log.info("%s: column %s widened from %s to %s", path, name, old.simpleString(), new.simpleString())
             added.append((name, new))
@@ -184,6 +194,10 @@ class DeltaStore:
             table = DeltaTable.forPath(spark, path)  # a new schema needs a new handle
         self._schemas[path] = {f.name: f.dataType for f in table.toDF().schema.fields}
         return table
+
+    def _set_properties(self, path: str, properties: dict[str, str]) -> None:
+        listed = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in properties.items())
+        self.spark.sql(f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ({listed})")
 
     def _watermark(self, path: str) -> dict[int, int]:
         """Per partition, the highest offset the table holds (read once, then kept)."""

@@ -23,13 +23,14 @@ from cdc.local.kafka import LocalKafka
 from cdc.local.opensearch import LocalOpenSearch
 from cdc.local.postgres import LocalPostgres
 from cdc.local.redis import LocalRedis
+from cdc.local.spark import LocalSparkCluster
 
 EXTERNAL_KAFKA_ENV = "CDC_TEST_BOOTSTRAP_SERVERS"
 
 #: Fixtures that start (or reach) a server: a test using any of them, directly or through
 #: another fixture, is an integration test. Tests that start servers themselves say so
 #: with `@pytest.mark.integration`.
-SERVER_FIXTURES = frozenset({"pg", "db", "broker", "broker_servers", "local_broker", "eager_broker"})
+SERVER_FIXTURES = frozenset({"pg", "db", "broker", "broker_servers", "local_broker", "eager_broker", "spark_cluster"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -108,6 +109,13 @@ def opensearch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalOpenSe
     """The session's OpenSearch node, started by the first test that asks for it."""
     with LocalOpenSearch(tmp_path_factory.mktemp("opensearch")) as node:
         yield node
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSparkCluster]:
+    """A standalone Spark Master and Worker (pyspark's launcher), shared by the session."""
+    with LocalSparkCluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

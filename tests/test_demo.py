@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.support import cdc
@@ -9,7 +11,7 @@ from tests.support import cdc
 
 @pytest.mark.integration  # `cdc demo` starts its own PostgreSQL and Kafka
 def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
-    result = cdc("demo", "--workdir", str(tmp_path / "demo"), timeout=300)
+    result = cdc("demo", "--workdir", str(tmp_path / "demo"), timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "topic demo.public.customers" in out and "topic demo.public.orders" in out
@@ -18,3 +20,10 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     assert 'key={"id":1}  op=r' in out and 'key={"id":2}  op=r' in out  # rows there before cdc: the snapshot
     assert "slot cdc: active" in out
     assert '"connector": "postgresql"' in out
+    # the Delta warehouse caught up: the tables as PostgreSQL has them now
+    assert "sink delta: " in out and "0 dead letters" in out
+    customers = out.split("current/public/customers (read with delta-rs): ", 1)[1].splitlines()[0]
+    assert [(r["id"], r["email"]) for r in json.loads(customers)] == [(1, "ada@example.com"), (2, "grace@example.com")]
+    orders = out.split("current/public/orders (read with delta-rs): ", 1)[1].splitlines()[0]
+    assert [(r["id"], r["total"]) for r in json.loads(orders)] == [(100, "12.50"), (200, "5.00")]
+    assert "sink delta: complete up to" in out  # cdc status

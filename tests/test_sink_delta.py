@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,9 +25,27 @@ from pyspark.sql import SparkSession
 
 from cdc.config import TopicConfig
 from compaction.reader import read_topic
-from tests.support import cdc, wait_caught_up, write_config
+from tests.support import cdc, wait_caught_up, wait_for, write_config
 
 SINK_TIMEOUT_S = 900
+
+# delta-rs and DuckDB in a child: a process that read with delta-rs may abort at exit
+_OTHER_READERS = """
+import json, os, sys
+import duckdb
+import pyarrow as pa
+from deltalake import DeltaTable, QueryBuilder
+plain = DeltaTable(sys.argv[1]).to_pyarrow_table(columns=["id", "t", "n"])
+mapped = pa.table(QueryBuilder().register("odd", DeltaTable(sys.argv[2])).execute('SELECT * FROM odd').read_all())
+out = {
+    "deltalake": sorted([r["id"], r["t"], str(r["n"])] for r in plain.to_pylist()),
+    "duckdb": [list(r) for r in duckdb.sql("SELECT id, t, CAST(n AS VARCHAR) FROM plain ORDER BY id").fetchall()],
+    "column_mapping": sorted([r["Key"], r["a b"], r["\u00fc"]] for r in mapped.to_pylist()),
+}
+sys.stdout.write(json.dumps(out))
+sys.stdout.flush()
+os._exit(0)
+"""
 ROOT = Path(__file__).resolve().parent.parent
 
 WIDE = """
@@ -115,6 +134,15 @@ class Sink:
             [sys.executable, "-m", "cdc", "sink", "delta", "--config", str(self.config)],
             stdout=self._out, stderr=subprocess.STDOUT, cwd=self.config.parent, start_new_session=True,
         )
+
+    def stop(self, timeout: float = 300) -> int:
+        """SIGTERM to the command (not its JVM): it lets the running batch finish, then exits."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._out.close()
 
     def kill9(self) -> None:
         assert self.proc is not None
@@ -228,6 +256,28 @@ def test_current_changes_and_history_follow_the_source(
     assert [(r["_cdc_is_current"], r["_cdc_deleted"]) for r in by_id[2]] == [(False, True)]
     assert [(r["_cdc_is_current"], r["_cdc_deleted"]) for r in by_id[4]] == [(False, True)]  # the key change
     assert [r["_cdc_is_current"] for r in by_id[40]] == [True]
+    # the same tables through delta-rs and DuckDB (DuckDB over delta-rs's Arrow table)
+    done = subprocess.run(
+        [sys.executable, "-c", _OTHER_READERS, str(warehouse / "current/public/wide"),
+         str(warehouse / "current/public/Odd-20Name")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    others = json.loads(done.stdout)
+    spark_rows = sorted([r["id"], r["t"], str(r["n"])] for r in current.collect())
+    assert others["deltalake"] == spark_rows
+    assert others["duckdb"] == [[i, t, None if n == "None" else n] for i, t, n in spark_rows]
+    assert others["column_mapping"] == [["k3", 3, "ß"]]
+
+    # cdc status: the sink's progress next to the slot, in LSNs
+    status = json.loads(cdc("status", "--json", "--config", str(config)).stdout)
+    sink_status = status["sinks"]["delta"]
+    assert set(sink_status["tables"]) == {topic, f"{topic_prefix}.public.Odd-20Name"}
+    assert sink_status["dead_letters"] == 0
+    high, low = (int(part, 16) for part in sink_status["complete_lsn"].split("/"))
+    complete = high << 32 | low
+    assert complete > 0 and sink_status["lag_bytes"] >= 0
+
     odd_history = _table(spark, warehouse, "history", "Odd-20Name").collect()
     assert sorted((r["Key"], r["_cdc_is_current"], r["_cdc_deleted"]) for r in odd_history) == [
         ("k1", False, True), ("k2", False, False), ("k2", False, True), ("k3", True, False)
@@ -346,22 +396,72 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
     config = _config(tmp_path, db, broker_servers, topic_prefix, spark={"max_offsets_per_trigger": 700})
     warehouse = tmp_path / "warehouse"
     sink = Sink(config, tmp_path / "sink.log")
+
+    def batches() -> int:
+        return Path(sink.log).read_text().count("INFO sinks.job: batch ") if Path(sink.log).exists() else 0
+
     with Writers(db.dsn, keys=3000, pause_s=0.01):
-        for kill_after_s in (25, 35, 45):  # a session start takes ~15 s: each kill lands in a batch
+        for delay_s in (0.5, 2.0, 4.0):
+            # kill -9 in the batch after one that completed: mid-way through its Delta commits
+            before = batches()
             sink.start()
-            time.sleep(kill_after_s)
+            wait_for(lambda before=before: batches() > before, SINK_TIMEOUT_S, "a batch")
+            time.sleep(delay_s)
             sink.kill9()
+        # streaming, then SIGTERM: a clean stop after the running batch
+        before = batches()
+        sink.start()
+        wait_for(lambda: batches() > before, SINK_TIMEOUT_S, "a batch")
+        assert sink.stop() == 0
     wait_caught_up(db.dsn, slot, daemon)
     out = sink.once()
     assert "0 dead letters" in out
-    batches = Path(sink.log).read_text().count("INFO sinks.job: batch ")
-    assert batches >= 3, "the kills should land after some batches were applied"
     _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
 
     # replay: a deleted checkpoint reads the topics from the earliest offsets again
-    import shutil
-
     shutil.rmtree(tmp_path / "checkpoints")
     sink.once()
     _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
+    daemon.stop()
+
+    # maintenance: compaction of the micro-batches' small files, and history from changes
+    history_columns = ("_cdc_key", "_cdc_offset", "_cdc_valid_to_lsn", "_cdc_is_current", "_cdc_deleted", "version")
+    history = sorted(tuple(r) for r in _table(spark, warehouse, "history", "acct").select(*history_columns).collect())
+    done = cdc("delta", "optimize", "--config", str(config), timeout=SINK_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{warehouse}/current/public/acct:" in done.stdout and "files compacted into 1" in done.stdout
+    done = cdc("delta", "rebuild-history", "--config", str(config), timeout=SINK_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"public.acct: {len(history)} versions" in done.stdout
+    rebuilt = sorted(tuple(r) for r in _table(spark, warehouse, "history", "acct").select(*history_columns).collect())
+    assert rebuilt == history
+    _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
+
+
+# --------------------------------------------------------------------------- on a cluster
+
+
+def test_the_same_job_on_a_standalone_cluster(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, spark: SparkSession,
+    spark_cluster: Any,
+) -> None:
+    db.execute("CREATE TABLE public.acct (id int PRIMARY KEY, version int NOT NULL, note text, at timestamptz)")
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'n' || g, '2024-01-01' FROM generate_series(1, 500) g")
+    daemon, slot = run_daemon(["public.*"])
+    db.execute("UPDATE public.acct SET version = 2, note = 'u' WHERE id % 5 = 0")
+    db.execute("DELETE FROM public.acct WHERE id % 7 = 0")
+    db.execute("ALTER TABLE public.acct ADD COLUMN tag text")
+    db.execute("INSERT INTO public.acct VALUES (1000, 1, 'new', now(), 'tagged')")
+    wait_caught_up(db.dsn, slot, daemon)
+    config = _config(tmp_path, db, broker_servers, topic_prefix, spark={"master": spark_cluster.master_url})
+    out = Sink(config, tmp_path / "sink.log").once()
+    assert "0 dead letters" in out
+    warehouse = tmp_path / "warehouse"
+    current = _table(spark, warehouse, "current", "acct").select("id", "version", "note", "tag").collect()
+    source = db.fetchall("SELECT id, version, note, tag FROM public.acct")
+    assert sorted(tuple(r) for r in current) == sorted(source)
+    # the driver registered with the cluster, whose executors ran the batches
+    assert "Registering app cdc-sink-delta" in (spark_cluster.work_dir / "master.log").read_text()
+    records = list(read_topic(TopicConfig(bootstrap_servers=broker_servers), f"{topic_prefix}.public.acct"))
+    assert _table(spark, warehouse, "changes", "acct").count() == len(records)
     daemon.stop()

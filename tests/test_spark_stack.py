@@ -101,12 +101,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         session.stop()
 
 
-@pytest.fixture(scope="module")
-def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSparkCluster]:
-    with LocalSparkCluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
-        yield cluster
-
-
 def test_spark_gets_only_the_jars_pyspark_lacks() -> None:
     """The bundle's older Hadoop, Jackson, Parquet, Scala, slf4j, ... stay out of spark.jars."""
     kept = jars.spark_jars()
