@@ -231,17 +231,26 @@ def show_config(config: Config, table: bool) -> None:
 @click.argument("store", metavar="STORE")
 @click.option("--once", is_flag=True, help="Apply what the topics hold now, then exit 0 (Spark's available-now trigger).")
 @click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
+@click.option("--print-submit", is_flag=True,
+              help="Print the spark-submit line for [spark] master (the code archive goes to ./cdc-sinks.zip); run nothing.")
 @_with_config
-def sink(config: Config, store: str, once: bool, in_driver: bool) -> None:
+def sink(config: Config, store: str, once: bool, in_driver: bool, print_submit: bool) -> None:
     """Run a Spark sink job: STORE is `delta` (the warehouse under [delta] path).
 
     With [spark] master = local[N] the job runs in this process; with spark://host:port
     it is submitted to that cluster. It streams until SIGTERM/SIGINT, which let the
     running micro-batch finish; offsets live in [spark] checkpoint_dir/<STORE>."""
+    import shlex
+
     from cdc.source.replication import format_lsn
     from sinks.job import SinkStopped, StopSignal, TypeConflict
-    from sinks.runner import run_here, run_submitted
+    from sinks.runner import check_store, run_here, run_submitted, submit
 
+    if print_submit:
+        check_store(config, store)
+        config_path = click.get_current_context().params.get("config_path")
+        click.echo(shlex.join(submit(config, store, config_path, once, ".")))
+        return
     if config.spark.master.startswith("spark://") and not in_driver:
         config_path = click.get_current_context().params.get("config_path")
         sys.exit(run_submitted(config, store, config_path, once))

@@ -217,6 +217,10 @@ class DeltaStore:
 
     # -- writes ----------------------------------------------------------------------
     def apply(self, batch: TableBatch) -> None:
+        # every schema change first: a type change a table cannot take stops before any write
+        self._table(table_path(self.root, "changes", batch.topic), {}, _CHANGES, batch.display)
+        for kind, meta in (("current", _CURRENT_META), ("history", _HISTORY_META)):
+            self._table(table_path(self.root, kind, batch.topic), batch.columns, meta, batch.display)
         took = []
         for kind, write in (("changes", self._changes), ("current", self._current), ("history", self._history)):
             started = time.monotonic()

@@ -98,8 +98,7 @@ def code_archive(folder: str) -> Path:
 
 
 def submit(config: Config, store_name: str, config_path: str | None, once: bool, workdir: str) -> list[str]:
-    """The spark-submit argv that runs this very command as the cluster's driver."""
-    check(config, store_name)
+    """The spark-submit argv that runs this very command as the cluster's driver (client mode)."""
     args = ["sink", store_name, "--in-driver"]
     if config_path:
         args += ["--config", os.path.abspath(config_path)]
@@ -125,6 +124,7 @@ def run_submitted(config: Config, store_name: str, config_path: str | None, once
     """spark-submit the job and wait for it; its exit status."""
     import subprocess
 
+    check(config, store_name)
     with tempfile.TemporaryDirectory(prefix="cdc-submit-") as workdir:
         argv = submit(config, store_name, config_path, once, workdir)
         log.info("submitting to %s: %s", config.spark.master, " ".join(argv[:1] + argv[-6:]))

@@ -104,6 +104,13 @@ def local_broker(tmp_path: Path) -> Iterator[LocalKafka]:
         yield dedicated
 
 
+@pytest.fixture
+def eager_broker(tmp_path: Path) -> Iterator[LocalKafka]:
+    """A broker whose log cleaner looks for work every half second (the default is 15 s)."""
+    with LocalKafka(tmp_path / "kafka", settings={"log.cleaner.backoff.ms": "500"}) as kafka:
+        yield kafka
+
+
 @pytest.fixture(scope="session")
 def opensearch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalOpenSearch]:
     """The session's OpenSearch node, started by the first test that asks for it."""

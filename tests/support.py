@@ -192,6 +192,16 @@ def source_table(dsn: str, sql: str, key: str = "id") -> dict[bytes, dict[str, A
     return {orjson.dumps({key: row[key]}): row for row in rows}
 
 
+# Segments roll after a second, a 1% dirty ratio makes a log cleanable, and tombstones may go
+# two seconds after the segment holding them was first cleaned (with `eager_broker`).
+EAGER_COMPACTION = {
+    "cleanup.policy": "compact",
+    "segment.ms": "1000",
+    "min.cleanable.dirty.ratio": "0.01",
+    "min.compaction.lag.ms": "0",
+    "delete.retention.ms": "2000",
+}
+
 ACCT = "CREATE TABLE public.acct (id int PRIMARY KEY, version int NOT NULL, note text)"
 
 

@@ -4,19 +4,17 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import orjson
-import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from cdc.config import TopicConfig
-from cdc.local.kafka import LocalKafka
 from cdc.naming import topic_name
 from compaction.reader import read_topic
 from compaction.table import build
 from tests.support import (
     ACCT,
+    EAGER_COMPACTION,
     slot_of,
     source_table,
     start_streaming,
@@ -24,23 +22,6 @@ from tests.support import (
     wait_for,
     write_config,
 )
-
-# Segments roll after a second, a 1% dirty ratio makes a log cleanable, and tombstones may go
-# two seconds after the segment holding them was first cleaned.
-EAGER_COMPACTION = {
-    "cleanup.policy": "compact",
-    "segment.ms": "1000",
-    "min.cleanable.dirty.ratio": "0.01",
-    "min.compaction.lag.ms": "0",
-    "delete.retention.ms": "2000",
-}
-
-
-@pytest.fixture
-def eager_broker(tmp_path: Path):
-    """A broker whose cleaner looks for work every half second (the default is 15 s)."""
-    with LocalKafka(tmp_path / "kafka", settings={"log.cleaner.backoff.ms": "500"}) as kafka:
-        yield kafka
 
 
 def test_log_cleaner_compacts_cdc_topics_to_the_source_table(tmp_path, db, eager_broker, topic_prefix):

@@ -118,15 +118,16 @@ class Sink:
         self.config, self.log = config, log
         self.proc: subprocess.Popen | None = None
 
-    def once(self) -> str:
+    def once(self, exit_code: int = 0) -> str:
+        """`--once` to the end; its stdout (its stderr when it is to fail)."""
         done = subprocess.run(
             [sys.executable, "-m", "cdc", "sink", "delta", "--once", "--config", str(self.config)],
             capture_output=True, text=True, timeout=SINK_TIMEOUT_S, cwd=self.config.parent,
         )
         with open(self.log, "a", encoding="utf-8") as out:
             out.write(done.stdout + done.stderr)
-        assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-        return done.stdout
+        assert done.returncode == exit_code, done.stdout + done.stderr[-4000:]
+        return done.stdout if exit_code == 0 else done.stderr
 
     def start(self) -> None:
         self._out = open(self.log, "a", encoding="utf-8")  # noqa: SIM115 (closed in stop)
@@ -357,6 +358,20 @@ def test_a_malformed_record_reaches_the_dead_letter_topic_and_the_job_goes_on(
             "partition": 0, "value": '{"op":"c","after":{"id":8}}',
         }),
     ]
+
+    # a type change Delta cannot take stops the job, in one line naming the table and the column
+    db.execute("ALTER TABLE public.acct ALTER COLUMN note TYPE int USING length(note)")
+    db.execute("INSERT INTO public.acct VALUES (4, 7)")
+    wait_caught_up(db.dsn, slot, daemon)
+    err = Sink(config, tmp_path / "sink.log").once(exit_code=1)
+    warehouse = tmp_path / "warehouse"
+    assert (
+        f"error: table public.acct column note changed from string to int, which the Delta table "
+        f"{warehouse}/current/public/acct cannot take: rebuild it (delete the table and the sink's checkpoint) "
+        "or cast the column back in PostgreSQL"
+    ) in err.splitlines()
+    rows = _table(spark, warehouse, "current", "acct").collect()
+    assert sorted((r["id"], r["note"]) for r in rows) == [(1, "a"), (2, "b"), (3, "c")]  # nothing half-applied
     daemon.stop()
 
 
@@ -465,3 +480,75 @@ def test_the_same_job_on_a_standalone_cluster(
     records = list(read_topic(TopicConfig(bootstrap_servers=broker_servers), f"{topic_prefix}.public.acct"))
     assert _table(spark, warehouse, "changes", "acct").count() == len(records)
     daemon.stop()
+
+
+# --------------------------------------------------------------------------- a compacted topic
+
+
+def test_correct_over_compaction_gaps_and_dropped_tombstones(
+    tmp_path: Path, db: Any, eager_broker: Any, topic_prefix: str, spark: SparkSession
+) -> None:
+    from collections import Counter
+
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+
+    from tests.support import ACCT, EAGER_COMPACTION, slot_of, start_streaming
+
+    servers = eager_broker.bootstrap_servers
+    topic = f"{topic_prefix}.public.acct"
+    admin = KafkaAdminClient(bootstrap_servers=servers)
+    # eager compaction, but tombstones kept for now: a job reads within delete.retention.ms
+    admin.create_topics([NewTopic(topic, 3, 1, topic_configs={**EAGER_COMPACTION, "delete.retention.ms": "3600000"})])
+    db.execute(ACCT)
+    config = _config(tmp_path, db, servers, topic_prefix)
+    slot = slot_of(topic_prefix)
+    daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'new' FROM generate_series(0, 59) g")
+    wait_caught_up(db.dsn, slot, daemon)
+    sink = Sink(config, tmp_path / "sink.log")
+    sink.once()
+
+    # while the job is away: updates, deletes and a key that comes back; the cleaner keeps the
+    # last record of each key (for a deleted key its tombstone: the d event is gone too)
+    for _ in range(5):
+        db.execute("UPDATE public.acct SET version = version + 1, note = md5(random()::text)")
+    db.execute("DELETE FROM public.acct WHERE id < 20")
+    db.execute("INSERT INTO public.acct VALUES (5, 1, 'back')")
+    deleted = {orjson.dumps({"id": i}) for i in range(20) if i != 5}
+
+    def records() -> list[Any]:
+        return list(read_topic(TopicConfig(bootstrap_servers=servers), topic))
+
+    def compacted() -> bool:
+        db.execute("UPDATE public.acct SET version = version + 1 WHERE id >= 50")  # segments roll on writes
+        wait_caught_up(db.dsn, slot, daemon)
+        found = records()
+        lone = [r for r in found if r.key in deleted]
+        return len(lone) == len(deleted) and all(r.value is None for r in lone) and len(found) < 150
+
+    wait_for(compacted, 300, "the log cleaner to leave one record per key", poll=1.5)
+    warehouse = tmp_path / "warehouse"
+    sink.once()  # reads across the gaps; the deletes arrive as lone tombstones
+    source = {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct")}
+    assert _acct_state(spark, warehouse) == source
+    changes = _table(spark, warehouse, "changes", "acct").select("_cdc_partition", "_cdc_offset").collect()
+    assert sorted(tuple(r) for r in changes) == sorted(set(tuple(r) for r in changes))
+
+    # tombstones dropped after delete.retention.ms: a new warehouse from what is left
+    admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs={"delete.retention.ms": "2000"})])
+    admin.close()
+
+    def tombstones_gone() -> bool:
+        db.execute("UPDATE public.acct SET version = version + 1 WHERE id >= 50")
+        wait_caught_up(db.dsn, slot, daemon)
+        return not deleted & Counter(r.key for r in records()).keys()
+
+    wait_for(tombstones_gone, 300, "the log cleaner to drop the tombstones", poll=1.5)
+    (tmp_path / "fresh").mkdir()
+    fresh = _config(tmp_path / "fresh", db, servers, topic_prefix)
+    Sink(fresh, tmp_path / "fresh" / "sink.log").once()
+    sink.once()  # and the first job goes on
+    source = {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct")}
+    assert _acct_state(spark, tmp_path / "fresh" / "warehouse") == source
+    assert _acct_state(spark, warehouse) == source
+    assert daemon.stop() == 0
