@@ -100,13 +100,10 @@ class SinkJob:
     def _batch(self, records: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         persisted = change_rows(records).persist()  # one read of the batch from Kafka
-        is_heartbeat = F.col("_cdc_topic") == self.heartbeat_topic
-        rows = persisted.where(~is_heartbeat)
+        rows = persisted.where(F.col("_cdc_topic") != self.heartbeat_topic)
         try:
-            stats = self._stats(rows)
-            beat = persisted.where(is_heartbeat).select(
-                F.max(F.get_json_object(F.col("_value"), "$.lsn").try_cast("long"))
-            ).first()
+            stats = self._stats(persisted)
+            beat = stats.pop(self.heartbeat_topic, {}).get("beat")
             registry = self.schemas.refresh() if stats else self.schemas.registry
             bad = [rows.where(F.col("_cdc_error").isNotNull())] if any(s["errors"] for s in stats.values()) else []
             good = rows.where(F.col("_cdc_error").isNull())
@@ -126,7 +123,7 @@ class SinkJob:
             with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
                 list(pool.map(lambda w: self._apply(registry, *w), work))
             applied = {topic: stat["high"] for topic, stat, _ in work if stat["high"] is not None}
-            self._record(batch_id, applied, beat[0] if beat else None)
+            self._record(batch_id, applied, beat)
             log.info(
                 "batch %d: %d records of %d tables in %.1f s", batch_id, sum(s["count"] for s in stats.values()),
                 len(stats), time.monotonic() - started,
@@ -135,8 +132,12 @@ class SinkJob:
             persisted.unpersist()
 
     def _stats(self, rows: DataFrame) -> dict[str, dict[str, Any]]:
-        """Per topic: record and error counts, commit LSN range, truncates, max offset per partition."""
+        """Per topic: record and error counts, commit LSN range, truncates, max offset per
+        partition; for the heartbeat topic, the highest LSN (`beat`)."""
         good = F.col("_cdc_error").isNull()
+        heartbeat = F.when(
+            F.col("_cdc_topic") == self.heartbeat_topic, F.get_json_object(F.col("_value"), "$.lsn").try_cast("long")
+        )
         truncate = F.when(good & (F.col("_cdc_op") == "t"), F.struct(
             "_cdc_lsn", "_cdc_seq", (F.unix_millis(F.col("_cdc_ts"))).alias("ts")
         ))
@@ -147,12 +148,15 @@ class SinkJob:
             F.max(F.when(good, F.col("_cdc_lsn"))).alias("high"),
             F.max("_cdc_offset").alias("offset"),
             F.collect_list(truncate).alias("truncates"),
+            F.max(heartbeat).alias("beat"),
         ).collect()
         stats: dict[str, dict[str, Any]] = {}
         for row in per_partition:
             stat = stats.setdefault(row["_cdc_topic"], {
-                "count": 0, "errors": 0, "low": None, "high": None, "offsets": {}, "truncates": [],
+                "count": 0, "errors": 0, "low": None, "high": None, "offsets": {}, "truncates": [], "beat": None,
             })
+            if row["beat"] is not None:
+                stat["beat"] = max(stat["beat"] or 0, row["beat"])
             stat["count"] += row["count"]
             stat["errors"] += row["errors"]
             for name, pick in (("low", min), ("high", max)):
@@ -187,11 +191,11 @@ class SinkJob:
         for more in bad[1:]:
             letters = letters.unionByName(more, allowMissingColumns=True)
         letters = letters.select(*LETTER_COLUMNS)
-        letters = letters.persist()
+        first = letters.select("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_error").take(1)
+        if not first:
+            return
+        letters = letters.persist()  # written, then counted
         try:
-            first = letters.select("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_error").take(1)
-            if not first:
-                return
             where = f"{first[0][0]} partition {first[0][1]} offset {first[0][2]}"
             if self.config.spark.on_malformed == "stop":
                 raise SinkStopped(

@@ -36,8 +36,14 @@ from pyspark.sql.types import (
 )
 
 TOAST_PLACEHOLDER = "__debezium_unavailable_value"
-"""What an unchanged TOASTed value is in an event (cdc.events.records), base64 for bytes."""
-_UNAVAILABLE = (TOAST_PLACEHOLDER, "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ==", f'["{TOAST_PLACEHOLDER}"]')
+_PLACEHOLDER_BYTES = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="
+#: What an unchanged TOASTed value is in an event (as Debezium renders it, cdc.events.changes):
+#: the string, base64 of it for bytea, a one-element list for arrays of strings or bytes, a
+#: one-pair object for hstore; as JSON text, the way the decoder sees a column's value.
+_UNAVAILABLE = (
+    TOAST_PLACEHOLDER, _PLACEHOLDER_BYTES, f'["{TOAST_PLACEHOLDER}"]', f'["{_PLACEHOLDER_BYTES}"]',
+    f'{{"{TOAST_PLACEHOLDER}":"{TOAST_PLACEHOLDER}"}}',
+)
 
 # Debezium's timestamp infinities (µs); timestamptz ones arrive as the strings below
 _INFINITY_US = {"infinity": 9223372036825200000, "-infinity": -9223372036832400000}
@@ -216,14 +222,15 @@ def _scalar(raw: Column, connect: dict[str, Any], target: DataType) -> Column:
 
 def decode(raw: Column, connect: dict[str, Any], target: DataType) -> tuple[Column, Column]:
     """(typed value, bad) of one column's JSON text: `bad` is true when a value is present
-    but does not fit the type (e.g. numeric NaN in a decimal, a nested array in a flat one)."""
+    but does not fit the type (e.g. numeric NaN in a decimal, a nested array in a flat one).
+    Arrays decode element by element, at any depth."""
     from pyspark.sql.types import ArrayType
 
     if isinstance(target, ArrayType):
         items, element = connect["items"], target.elementType
         parsed = F.from_json(raw, "array<string>")
-        typed = F.transform(parsed, lambda x: _scalar(x, items, element))
-        misfit = F.exists(parsed, lambda x: x.isNotNull() & _scalar(x, items, element).isNull())
+        typed = F.transform(parsed, lambda x: decode(x, items, element)[0])
+        misfit = F.exists(parsed, lambda x: decode(x, items, element)[1])
         return typed, raw.isNotNull() & (parsed.isNull() | misfit)
     typed = _scalar(raw, connect, target)
     return typed, raw.isNotNull() & typed.isNull()
