@@ -121,11 +121,15 @@ def submit_environment() -> dict[str, str]:
 
 
 def run_submitted(config: Config, store_name: str, config_path: str | None, once: bool) -> int:
-    """spark-submit the job and wait for it; its exit status."""
+    """spark-submit the job and wait for it; its exit status. SIGTERM/SIGINT go on to it."""
+    import signal
     import subprocess
 
     check(config, store_name)
     with tempfile.TemporaryDirectory(prefix="cdc-submit-") as workdir:
         argv = submit(config, store_name, config_path, once, workdir)
         log.info("submitting to %s: %s", config.spark.master, " ".join(argv[:1] + argv[-6:]))
-        return subprocess.run(argv, env=submit_environment()).returncode
+        child = subprocess.Popen(argv, env=submit_environment())
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+        return child.wait()

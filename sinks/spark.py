@@ -42,6 +42,11 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
         # by default): on a few cores that is most of a small batch's time (a 99-row MERGE: 15-30 s
         # at 50, 2.5-3.5 s at 1, measured)
         "spark.databricks.delta.snapshotPartitions": "2",
+        # append-only changes/ and history/ gain a small file per batch: Delta compacts them as
+        # they pile up, and scans pack small files into few tasks
+        "spark.databricks.delta.autoCompact.enabled": "true",
+        "spark.databricks.delta.autoCompact.minNumFiles": "20",
+        "spark.sql.files.openCostInBytes": "131072",
     }
 
 
