@@ -266,15 +266,18 @@ def run(
     else:
         writer = writer.trigger(processingTime=f"{config.spark.trigger_interval_s} seconds")
     query = writer.queryName(f"cdc-sink-{store.name}").start()
+    stopped = False
     try:
         while query.isActive:
             if stop_requested() and not job.running:
+                # a batch that starts in between is cancelled, uncommitted: read again next time
+                stopped = True
                 query.stop()
                 break
             query.awaitTermination(1)
-        if job.failure is not None:
+        if job.failure is not None and not stopped:
             raise job.failure
-        if query.exception() is not None:
+        if query.exception() is not None and not stopped:
             raise RuntimeError(str(query.exception()).splitlines()[0])
     finally:
         if query.isActive:
