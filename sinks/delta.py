@@ -48,46 +48,26 @@ log = logging.getLogger(__name__)
 
 KINDS = ("current", "changes", "history")
 
-_CURRENT_META = StructType([
-    StructField("_cdc_key", StringType()),
-    StructField("_cdc_op", StringType()),
-    StructField("_cdc_lsn", LongType()),
-    StructField("_cdc_seq", LongType()),
-    StructField("_cdc_ts", TimestampType()),
-    StructField("_cdc_tx_id", LongType()),
-    StructField("_cdc_partition", IntegerType()),
-    StructField("_cdc_offset", LongType()),
-])
-_CHANGES = StructType([
-    StructField("_cdc_topic", StringType()),
-    StructField("_cdc_partition", IntegerType()),
-    StructField("_cdc_offset", LongType()),
-    StructField("_cdc_key", StringType()),
-    StructField("_cdc_op", StringType()),
-    StructField("_cdc_lsn", LongType()),
-    StructField("_cdc_seq", LongType()),
-    StructField("_cdc_ts", TimestampType()),
-    StructField("_cdc_tx_id", LongType()),
-    StructField("_cdc_snapshot", StringType()),
-    StructField("_cdc_tombstone", BooleanType()),
-    StructField("before", StringType()),
-    StructField("after", StringType()),
-])
-_HISTORY_META = StructType([
-    StructField("_cdc_key", StringType()),
-    StructField("_cdc_op", StringType()),
-    StructField("_cdc_valid_from", TimestampType()),
-    StructField("_cdc_valid_to", TimestampType()),
-    StructField("_cdc_valid_from_lsn", LongType()),
-    StructField("_cdc_valid_from_seq", LongType()),
-    StructField("_cdc_valid_to_lsn", LongType()),
-    StructField("_cdc_valid_to_seq", LongType()),
-    StructField("_cdc_is_current", BooleanType()),
-    StructField("_cdc_deleted", BooleanType()),
-    StructField("_cdc_tx_id", LongType()),
-    StructField("_cdc_partition", IntegerType()),
-    StructField("_cdc_offset", LongType()),
-])
+
+def _struct(*fields: tuple[str, DataType]) -> StructType:
+    return StructType([StructField(name, kind) for name, kind in fields])
+
+
+_LONG, _TEXT, _TIME, _FLAG = LongType(), StringType(), TimestampType(), BooleanType()
+_COORDINATES = (("_cdc_partition", IntegerType()), ("_cdc_offset", _LONG))
+_POSITION = (("_cdc_lsn", _LONG), ("_cdc_seq", _LONG), ("_cdc_ts", _TIME), ("_cdc_tx_id", _LONG))
+_CURRENT_META = _struct(("_cdc_key", _TEXT), ("_cdc_op", _TEXT), *_POSITION, *_COORDINATES)
+_CHANGES = _struct(
+    ("_cdc_topic", _TEXT), *_COORDINATES, ("_cdc_key", _TEXT), ("_cdc_op", _TEXT), *_POSITION,
+    ("_cdc_snapshot", _TEXT), ("_cdc_tombstone", _FLAG), ("before", _TEXT), ("after", _TEXT),
+)
+_HISTORY_META = _struct(
+    ("_cdc_key", _TEXT), ("_cdc_op", _TEXT), ("_cdc_valid_from", _TIME), ("_cdc_valid_to", _TIME),
+    ("_cdc_valid_from_lsn", _LONG), ("_cdc_valid_from_seq", _LONG), ("_cdc_valid_to_lsn", _LONG),
+    ("_cdc_valid_to_seq", _LONG), ("_cdc_is_current", _FLAG), ("_cdc_deleted", _FLAG), ("_cdc_tx_id", _LONG),
+    *_COORDINATES,
+)
+
 # Column mapping lets a table hold any PostgreSQL column name, but only some readers know it
 # (delta-rs's `to_pyarrow_table()` reads such a table as nulls; its QueryBuilder reads it
 # right), so a table gets it only for a name Parquet cannot hold. Likewise type widening
