@@ -287,10 +287,13 @@ def run(
 
 
 class StopSignal:
-    """SIGTERM/SIGINT ask the job to stop after its running batch."""
+    """SIGTERM/SIGINT ask the job to stop after its running batch. `install` after the
+    SparkContext started: pyspark puts its own SIGINT handler in (cancel every job)."""
 
     def __init__(self) -> None:
         self.requested = threading.Event()
+
+    def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.requested.set())
 

@@ -15,11 +15,10 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
 from cdc.config import Config, ConfigError
-from sinks.job import Progress, SinkStopped, Store, TypeConflict, ensure_topics, run
+from sinks.job import Progress, SinkStopped, StopSignal, Store, TypeConflict, ensure_topics, run
 from sinks.spark import build_session, spark_environment, submit_command
 
 log = logging.getLogger(__name__)
@@ -62,11 +61,12 @@ def make_store(name: str, spark: object, config: Config) -> Store:
     return DeltaStore(spark, config.delta.path)  # type: ignore[arg-type]
 
 
-def run_here(config: Config, store_name: str, once: bool, stop: Callable[[], bool]) -> Progress:
+def run_here(config: Config, store_name: str, once: bool, stop: StopSignal) -> Progress:
     """Run the job in this process until drained (`once`) or stopped; permanent errors raise."""
     check(config, store_name)
     ensure_topics(config)
     spark = build_session(f"cdc-sink-{store_name}", master=config.spark.master)
+    stop.install()
     store = make_store(store_name, spark, config)
     delay, attempts = 1.0, 0
     try:
