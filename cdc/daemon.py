@@ -530,7 +530,7 @@ class Daemon:
         if self._versions.get(events.topic) == shape:
             return
         from_lsn = txn.commit_lsn if txn is not None else self.acks.confirmed
-        self._send([version_record(events, from_lsn)])
+        self._bytes += self.acks.send([version_record(events, from_lsn)])  # not a table's event: not counted
         self._versions[events.topic] = shape
 
     def _send(self, records: list[Record]) -> None:

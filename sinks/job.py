@@ -274,7 +274,10 @@ def run(
                 stopped = True
                 query.stop()
                 break
-            query.awaitTermination(1)
+            try:
+                query.awaitTermination(1)
+            except Exception:  # the query failed: what failed is in job.failure (ours) or below
+                break
         if job.failure is not None and not stopped:
             raise job.failure
         if query.exception() is not None and not stopped:
