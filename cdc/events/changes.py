@@ -14,6 +14,7 @@ from functools import partial
 from typing import NamedTuple
 
 from cdc import accel
+from cdc.events.defaults import default_value
 from cdc.events.records import (
     TOAST_PLACEHOLDER,
     TOAST_PLACEHOLDER_BYTES,
@@ -42,6 +43,10 @@ class ColumnDef(NamedTuple):
     type_oid: int
     type_modifier: int
     key: bool
+    #: from the catalog (pgoutput does not send them): the field schema's optional and default
+    not_null: bool = False
+    default: str | None = None  # the default expression's text (pg_get_expr), None if none
+    dimensions: int = 1  # declared array depth (pg_attribute.attndims)
 
 
 class ChangeRenderer:
@@ -77,7 +82,18 @@ class ChangeRenderer:
 
     def relation(self, msg: pgoutput.Relation) -> None:
         """A Relation message of the stream: how that table's rows look from here on."""
-        columns = [ColumnDef(c.name, c.type_oid, c.type_modifier, bool(c.flags & 1)) for c in msg.columns]
+        facts = self.catalog.column_facts(msg.oid)
+        columns = []
+        for c in msg.columns:
+            fact = facts.get(c.name)
+            columns.append(
+                ColumnDef(c.name, c.type_oid, c.type_modifier, bool(c.flags & 1))
+                if fact is None
+                else ColumnDef(
+                    c.name, c.type_oid, c.type_modifier, bool(c.flags & 1),
+                    fact.not_null, fact.default, max(fact.dimensions, 1),
+                )
+            )
         self.describe(msg.oid, msg.namespace, msg.name, columns)
 
     def describe(self, oid: int, schema: str, table: str, columns: list[ColumnDef]) -> None:
@@ -100,16 +116,20 @@ class ChangeRenderer:
                 f"table {display} has no primary key and no replica identity index: add a primary key, or "
                 f"ALTER TABLE {display} REPLICA IDENTITY USING INDEX <unique index>"
             )
-        not_null = set(key_names)
+        keys = set(key_names)
         rendered = []
         for col in columns:
             pgtype = self.catalog.pg_type(col.type_oid)
+            schema = field_schema(
+                pgtype, col.type_modifier, col.name, not (col.not_null or col.name in keys),
+                default_value(pgtype, col.type_modifier, col.default), col.dimensions,
+            )
             rendered.append(
                 Column(
                     name=col.name,
                     convert=converter(pgtype, col.type_modifier),
                     placeholder=TOAST_PLACEHOLDER_BYTES if pgtype.name == "bytea" else TOAST_PLACEHOLDER,
-                    schema=field_schema(pgtype, col.type_modifier, col.name, col.name not in not_null),
+                    schema=schema,
                 )
             )
         events = self.tables[oid] = TableEvents(

@@ -173,17 +173,22 @@ class TableEvents:
 
     def source_parts(self, commit_ts_us: int, snapshot: str, commit_lsn: int, xid: int | None) -> tuple[bytes, bytes]:
         """The `source` block around its per-event part: head + change LSN + tail + lsn."""
+        # Debezium's field order (its Source schema's): sequence before ts_us and ts_ns
         head = {
             "version": SOURCE_VERSION,
             "connector": "postgresql",
             "name": self.prefix,
             "ts_ms": commit_ts_us // 1000,
-            "ts_us": commit_ts_us,
-            "ts_ns": commit_ts_us * 1000,
             "snapshot": snapshot,
             "db": self.database,
         }
-        tail = {"schema": self.schema, "table": self.table, "txId": xid}
+        tail = {
+            "ts_us": commit_ts_us,
+            "ts_ns": commit_ts_us * 1000,
+            "schema": self.schema,
+            "table": self.table,
+            "txId": xid,
+        }
         # sequence is a string holding a JSON array: '"[\"<commit>\",\"<change>\"]"'
         return (
             orjson.dumps(head)[:-1] + b',"sequence":"[\\"%d\\",\\"' % commit_lsn,
@@ -230,15 +235,13 @@ def _field(kind: str, field_name: str, optional: bool = False, **extra: Any) -> 
     return {"type": kind, "optional": optional, **extra, "field": field_name}
 
 
-SOURCE_SCHEMA: dict[str, Any] = {
+SOURCE_SCHEMA: dict[str, Any] = {  # Debezium 3.3's, field order and version included
     "type": "struct",
     "fields": [
         _field("string", "version"),
         _field("string", "connector"),
         _field("string", "name"),
         _field("int64", "ts_ms"),
-        _field("int64", "ts_us", True),
-        _field("int64", "ts_ns", True),
         _field(
             "string", "snapshot", True, name="io.debezium.data.Enum", version=1,
             parameters={"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
@@ -246,6 +249,8 @@ SOURCE_SCHEMA: dict[str, Any] = {
         ),
         _field("string", "db"),
         _field("string", "sequence", True),
+        _field("int64", "ts_us", True),
+        _field("int64", "ts_ns", True),
         _field("string", "schema"),
         _field("string", "table"),
         _field("int64", "txId", True),
@@ -254,6 +259,7 @@ SOURCE_SCHEMA: dict[str, Any] = {
     ],
     "optional": False,
     "name": "io.debezium.connector.postgresql.Source",
+    "version": 1,
 }
 
 TRANSACTION_SCHEMA: dict[str, Any] = {

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from cdc.local import jars
-from cdc.local.process import LOCALHOST, GroupProcess, ServerProcess, ServiceUnavailable, free_port, wait_until
+from cdc.local.process import (
+    LOCALHOST,
+    GroupProcess,
+    ServerProcess,
+    ServiceUnavailable,
+    free_port,
+    wait_until,
+)
 
 _LOG4J2 = """\
 # Written by cdc.local.connect: the worker's log on stdout, at info.
