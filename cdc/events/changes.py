@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import orjson
 
 from cdc import accel
 from cdc.events.defaults import default_value
@@ -28,6 +30,7 @@ from cdc.events.types import converter, field_schema
 from cdc.naming import TablePattern, parse_table_pattern, topic_name
 from cdc.source import pgoutput
 from cdc.source.catalog import Catalog
+from cdc.source.pgtypes import PgType
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,25 @@ class ColumnDef(NamedTuple):
     not_null: bool = False
     default: str | None = None  # the default expression's text (pg_get_expr), None if none
     dimensions: int = 1  # declared array depth (pg_attribute.attndims)
+
+
+_HSTORE_PLACEHOLDER = orjson.dumps({TOAST_PLACEHOLDER: TOAST_PLACEHOLDER}).decode()
+
+
+def _toast_placeholder(pgtype: PgType, field: dict[str, Any]) -> Any:
+    """Debezium's value for an unchanged TOASTed column, in the column's own shape (checked
+    against the real connector): base64 of the placeholder for bytea, a one-pair JSON object
+    for hstore, a one-element list for arrays of strings or bytes, else the string."""
+    while pgtype.kind == "d" and pgtype.base is not None:
+        pgtype = pgtype.base
+    if pgtype.name == "bytea":
+        return TOAST_PLACEHOLDER_BYTES
+    if pgtype.name == "hstore":
+        return _HSTORE_PLACEHOLDER
+    items = field.get("items")
+    if field["type"] == "array" and items is not None and items["type"] in ("string", "bytes"):
+        return [TOAST_PLACEHOLDER_BYTES if items["type"] == "bytes" else TOAST_PLACEHOLDER]
+    return TOAST_PLACEHOLDER
 
 
 class ChangeRenderer:
@@ -120,7 +142,7 @@ class ChangeRenderer:
         rendered = []
         for col in columns:
             pgtype = self.catalog.pg_type(col.type_oid)
-            schema = field_schema(
+            field = field_schema(
                 pgtype, col.type_modifier, col.name, not (col.not_null or col.name in keys),
                 default_value(pgtype, col.type_modifier, col.default), col.dimensions,
             )
@@ -128,8 +150,8 @@ class ChangeRenderer:
                 Column(
                     name=col.name,
                     convert=converter(pgtype, col.type_modifier),
-                    placeholder=TOAST_PLACEHOLDER_BYTES if pgtype.name == "bytea" else TOAST_PLACEHOLDER,
-                    schema=schema,
+                    placeholder=_toast_placeholder(pgtype, field),
+                    schema=field,
                 )
             )
         events = self.tables[oid] = TableEvents(

@@ -9,6 +9,7 @@ snapshot reads, so every producer of events renders them identically.
 from __future__ import annotations
 
 import base64
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ SOURCE_VERSION = f"cdc-{__version__}"
 
 
 _ENVELOPE = b'{"before":%b,"after":%b,"source":%b,"transaction":null,"op":%b,"ts_ms":%d,"ts_us":%d,"ts_ns":%d000}'
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 _OPS = {op: orjson.dumps(op) for op in ("r", "c", "u", "d", "t")}
 
 
@@ -205,10 +207,16 @@ class TableEvents:
             return payload
         return b'{"schema":' + self.envelope_schema() + b',"payload":' + payload + b"}"
 
+    @property
+    def schema_name_prefix(self) -> str:
+        """`<prefix>.<schema>.<table>` with every character outside ``[A-Za-z0-9._-]`` as
+        ``_``: Debezium names its Connect schemas after its topic names, sanitized so."""
+        return _UNSAFE_NAME.sub("_", f"{self.prefix}.{self.schema}.{self.table}")
+
     def envelope_schema(self) -> bytes:
         """Debezium's Connect schema of the envelope, serialized once per relation version."""
         if self._envelope_schema is None:
-            value_name = f"{self.prefix}.{self.schema}.{self.table}.Value"
+            value_name = f"{self.schema_name_prefix}.Value"
             row = {"type": "struct", "fields": [c.schema for c in self.columns], "optional": True, "name": value_name}
             self._envelope_schema = orjson.dumps(
                 {
@@ -224,7 +232,7 @@ class TableEvents:
                         {"type": "int64", "optional": True, "field": "ts_ns"},
                     ],
                     "optional": False,
-                    "name": f"{self.prefix}.{self.schema}.{self.table}.Envelope",
+                    "name": f"{self.schema_name_prefix}.Envelope",
                     "version": 2,
                 }
             )

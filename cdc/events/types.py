@@ -600,6 +600,7 @@ _SIMPLE_SCHEMAS: dict[str, _Schema] = {
     "json": ("string", "io.debezium.data.Json", None),
     "jsonb": ("string", "io.debezium.data.Json", None),
     "xml": ("string", "io.debezium.data.Xml", None),
+    "tsvector": ("string", "io.debezium.data.Tsvector", None),  # Debezium >= 3.3
     "date": ("int32", "io.debezium.time.Date", None),
     "timestamptz": ("string", "io.debezium.time.ZonedTimestamp", None),
     "timetz": ("string", "io.debezium.time.ZonedTime", None),
