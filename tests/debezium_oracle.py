@@ -242,7 +242,8 @@ def compare(
             sa, sb = a.value["source"], b.value["source"]
             if list(sa) != list(sb):
                 out.append(Difference(phase, table, "source order", list(sa), list(sb)))
-            for name in ("connector", "db", "schema", "table", "snapshot", "sequence", "txId", "lsn", "xmin"):
+            for name in ("version", "connector", "db", "schema", "table", "snapshot", "sequence", "ts_ms",
+                         "ts_us", "ts_ns", "txId", "lsn", "xmin"):
                 if sa.get(name) != sb.get(name):
                     out.append(Difference(phase, table, f"source.{name}", sa.get(name), sb.get(name)))
             if list(a.value) != list(b.value):
@@ -396,9 +397,15 @@ def _multidim_schema(d: Difference) -> bool:
 
 
 def _snapshot_source(d: Difference) -> bool:
-    """Snapshot reads: Debezium marks the first row "first" and carries the snapshot
-    transaction's id and LSN; cdc's reads are at position (C, 0) with no transaction."""
-    return d.phase == "snapshot" and d.where in ("source.snapshot", "source.txId", "source.lsn")
+    """Snapshot reads: Debezium marks the first row "first", carries the snapshot
+    transaction's id and LSN and the time of the read; cdc's reads are at position (C, 0)
+    with no transaction, stamped with the snapshot's start."""
+    return d.phase == "snapshot" and d.where in (
+        "source.snapshot", "source.txId", "source.lsn", "source.ts_ms", "source.ts_us", "source.ts_ns")
+
+
+def _version(d: Difference) -> bool:
+    return d.where == "source.version" and str(d.ours).startswith("cdc-") and str(d.theirs).endswith(".Final")
 
 
 def _jdbc_snapshot(d: Difference) -> bool:
@@ -471,6 +478,7 @@ DOCUMENTED: dict[str, tuple[str, Callable[[Difference], bool]]] = {
     "arrays left out": ("Debezium leaves out money[], name[], ..., bit(n)[] columns", _arrays_left_out),
     "sequence": ("source.sequence: own commit LSN first (Debezium: the previous one)", _sequence),
     "truncate key": ("truncates: Debezium sends a null key", _truncate_key),
+    "source version": ("source.version names the producer", _version),
     "null replaced with default": ("JsonConverter's replace.null.with.default", _null_is_default),
     "multi-dimensional arrays": ("Debezium sends null elements for int[][] values", _multidim),
     "multi-dimensional array schema": ("cdc declares attndims levels of arrays", _multidim_schema),
