@@ -1,0 +1,416 @@
+"""cdc against the real Debezium PostgreSQL connector, same machine, same run, alternating.
+
+    python bench/debezium.py [--rows 300000] [--snapshot-rows 300000] [--rounds 2]
+                             [--latency-tps 500] [--latency-s 10] [--keep]
+
+One throwaway PostgreSQL (bench/capture.py's settings and 6-column table), one Apache
+Kafka (cdc.local.kafka) and one Kafka Connect worker (cdc.local.connect, Debezium 3.3.1
+on Connect 4.1.1). Debezium is tuned as its users would for throughput (max.batch.size,
+max.queue.size, poll.interval.ms, producer linger and batch size through
+producer.override.*); cdc runs with `[topic] client = "confluent"`. Both write 3-partition
+topics with acks=all. Per round, each side in turn (the order alternates between rounds):
+
+1. Snapshot: a new slot and prefix; `cdc snapshot` from start to exit, Debezium from the
+   connector's creation until its topic holds every row (the connector's start included).
+2. Streaming: the pipeline is stopped (cdc's daemon exits, Debezium's connector is
+   deleted; its offsets and slot stay), N row changes are written (60 % inserts, 40 %
+   updates, as bench/capture.py), then the pipeline starts again and is timed until its
+   topic holds every change: a slot backlog, read as fast as each can.
+3. Latency: the pipeline streams live while single-row UPDATE transactions are paced at
+   --latency-tps for --latency-s seconds; commit-to-append is the record's LogAppendTime
+   (the topic's message.timestamp.type) minus source.ts_us (the commit time).
+
+CPU is utime + stime from /proc of every process group involved, measured over each
+phase: cdc's (the daemon or `cdc snapshot` and its readers), Connect's JVM, the broker's
+JVM and PostgreSQL's (the walsenders and backends). Results go to stdout as tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import capture  # noqa: E402  (this checkout's cdc on sys.path, the /proc helpers, the table)
+
+from cdc.local.connect import LocalKafkaConnect, debezium_connector  # noqa: E402
+from cdc.local.kafka import LocalKafka  # noqa: E402
+from cdc.local.postgres import LocalPostgres  # noqa: E402
+from cdc.naming import topic_name  # noqa: E402
+
+TABLE = capture.TABLE
+PARTITIONS = 3
+#: Debezium as a throughput-minded user would set it (defaults: 2048 / 8192 / 500 ms / 0 / 16 KiB)
+DEBEZIUM_TUNING = {
+    "max.batch.size": "8192",
+    "max.queue.size": "65536",
+    "poll.interval.ms": "10",
+    "producer.override.linger.ms": "5",
+    "producer.override.batch.size": "1048576",
+    "producer.override.acks": "all",
+    "topic.creation.default.partitions": str(PARTITIONS),
+    "topic.creation.default.message.timestamp.type": "LogAppendTime",
+}
+WORKER = {"connector.client.config.override.policy": "All", "offset.flush.interval.ms": "1000"}
+
+
+@dataclass
+class Measure:
+    rows: int
+    seconds: float
+    cpu: dict[str, float] = field(default_factory=dict)  # process group -> CPU seconds
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds
+
+    def cpu_us_per_row(self, *groups: str) -> float:
+        return sum(self.cpu.get(g, 0.0) for g in groups) / self.rows * 1e6
+
+
+class DebeziumBench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.procs = capture.Processes()
+        self.workdir = Path(tempfile.mkdtemp(prefix="cdc-bench-dbz-"))
+        os.chmod(self.workdir, 0o755)
+        self.pg: LocalPostgres | None = None
+        self.broker: LocalKafka | None = None
+        self.connect: LocalKafkaConnect | None = None
+        self.snapshot: dict[str, list[Measure]] = {"cdc": [], "debezium": []}
+        self.stream: dict[str, list[Measure]] = {"cdc": [], "debezium": []}
+        self.latency: dict[str, list[float]] = {"cdc": [], "debezium": []}
+        self.next_id = 1
+        self.loads: list[float] = []
+
+    # -- plumbing --------------------------------------------------------------------------
+    def log(self, message: str) -> None:
+        load = os.getloadavg()[0]
+        self.loads.append(load)
+        print(f"[{time.strftime('%H:%M:%S')}] (load {load:.2f}) {message}", file=sys.stderr, flush=True)
+
+    @property
+    def dsn(self) -> str:
+        assert self.pg is not None
+        return self.pg.dsn()
+
+    @property
+    def servers(self) -> str:
+        assert self.broker is not None
+        return self.broker.bootstrap_servers
+
+    def sql(self, query: str, params: tuple | None = None) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(query, params)
+
+    def groups(self, side_pgid: int | None) -> dict[str, int | None]:
+        assert self.pg is not None and self.broker is not None and self.connect is not None
+        return {"side": side_pgid, "broker": self.broker.pid, "postgres": _postmaster_pgid(self.pg)}
+
+    def topic_count(self, topic: str) -> int:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.servers, "group.id": "bench-count"})
+        try:
+            meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if meta is None or meta.error is not None:
+                return 0
+            total = 0
+            for p in meta.partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                total += high - low
+            return total
+        finally:
+            consumer.close()
+
+    def wait_count(self, topic: str, target: int, timeout: float = 900) -> None:
+        deadline = time.monotonic() + timeout
+        while self.topic_count(topic) < target:
+            if time.monotonic() > deadline:
+                raise capture.BenchError(f"{topic} did not reach {target} records in {timeout:.0f} s")
+            time.sleep(0.05)
+
+    # -- setup -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self.log(f"work dir {self.workdir}")
+        self.pg = LocalPostgres(self.workdir / "pg", settings=capture.PG_SETTINGS).start()
+        self.sql(capture.CREATE_TABLE)
+        self.sql(f"CREATE PUBLICATION {capture.PUBLICATION} FOR TABLE {TABLE}")
+        self.broker = LocalKafka(self.workdir / "kafka").start()
+        self.connect = LocalKafkaConnect(self.workdir / "connect", self.servers, worker=WORKER, heap="1g").start()
+        self.log(f"PostgreSQL {self.pg.port}, Kafka {self.servers}, Connect {self.connect.url}")
+        self.insert(self.args.snapshot_rows)
+
+    def insert(self, rows: int) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(capture.INSERT_ROWS, (self.next_id, self.next_id + rows - 1))
+        self.next_id += rows
+
+    def write_changes(self, rows: int) -> None:
+        """60 % inserts, 40 % updates, transactions of 100-1000 rows (as bench/capture.py)."""
+        rng = random.Random(rows)
+        done = 0
+        with psycopg.connect(self.dsn) as conn:
+            while done < rows:
+                size = min(rng.randint(100, 1000), rows - done)
+                n_upd = round(size * 0.4)
+                conn.execute(capture.INSERT_ROWS, (self.next_id, self.next_id + size - n_upd - 1))
+                self.next_id += size - n_upd
+                conn.execute(capture.UPDATE_ROWS, (rng.sample(range(1, self.next_id), n_upd),))
+                conn.commit()
+                done += size
+
+    # -- cdc -------------------------------------------------------------------------------
+    def cdc_config(self, prefix: str) -> Path:
+        sections = {
+            "source": {"dsn": self.dsn, "slot": f"s_{prefix}", "publication": capture.PUBLICATION,
+                       "tables": [f"public.{TABLE}"]},
+            "topic": {"bootstrap_servers": self.servers, "prefix": prefix, "partitions": PARTITIONS,
+                      "client": "confluent"},
+            "daemon": {"spill_dir": str(self.workdir / f"spill-{prefix}"), "log_level": "INFO"},
+        }
+        lines = []
+        for name, values in sections.items():
+            lines.append(f"[{name}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+        path = self.workdir / f"{prefix}.toml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def cdc_start(self, prefix: str, verb: str) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "cdc", verb, "--config", str(self.cdc_config(prefix))]
+        log = (self.workdir / f"{prefix}-{verb}.log").open("ab")
+        return self.procs.start(f"cdc {verb}", argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+
+    def cdc_snapshot(self, prefix: str) -> Measure:
+        rows = self.next_id - 1
+        t0 = time.monotonic()
+        proc = self.cdc_start(prefix, "snapshot")
+        window = capture.CpuWindow(self.groups(proc.pid)).start()
+        while proc.poll() is None:  # sample the group while it lives: its readers exit with it
+            window.stop()
+            time.sleep(0.1)
+        seconds = time.monotonic() - t0
+        self.procs.forget(proc)
+        if proc.returncode != 0:
+            raise capture.BenchError(f"cdc snapshot failed; see {self.workdir}/{prefix}-snapshot.log")
+        return Measure(rows, seconds, dict(window.used))
+
+    def cdc_stream(self, prefix: str, target: int, rows: int) -> Measure:
+        topic = topic_name(prefix, "public", TABLE)
+        t0 = time.monotonic()
+        proc = self.cdc_start(prefix, "run")
+        window = capture.CpuWindow(self.groups(proc.pid)).start()
+        self.wait_count(topic, target)
+        window.stop()
+        measure = Measure(rows, time.monotonic() - t0, dict(window.used))
+        self.procs.stop(proc)
+        return measure
+
+    # -- Debezium --------------------------------------------------------------------------
+    def debezium_config(self, prefix: str, snapshot: bool) -> dict[str, str]:
+        assert self.pg is not None
+        return debezium_connector(
+            prefix, dsn_host="127.0.0.1", dsn_port=self.pg.port, dbname="postgres", prefix=prefix,
+            tables=[f"public\\.{TABLE}"], schemas=False,
+            extra={**DEBEZIUM_TUNING, "publication.name": capture.PUBLICATION,
+                   "publication.autocreate.mode": "disabled", "snapshot.mode": "initial" if snapshot else "no_data"},
+        )
+
+    def debezium_run(self, prefix: str, target: int, rows: int, snapshot: bool) -> Measure:
+        assert self.connect is not None and self.connect.pid is not None
+        topic = topic_name(prefix, "public", TABLE)
+        window = capture.CpuWindow(self.groups(self.connect.pid)).start()
+        t0 = time.monotonic()
+        self.connect.add_connector(prefix, self.debezium_config(prefix, snapshot))
+        self.wait_count(topic, target)
+        window.stop()
+        measure = Measure(rows, time.monotonic() - t0, dict(window.used))
+        self.connect.delete_connector(prefix)  # offsets and slot stay: the next start resumes
+        return measure
+
+    # -- latency ---------------------------------------------------------------------------
+    def paced_updates(self, stop: threading.Event) -> None:
+        rng = random.Random(7)
+        interval = 1.0 / self.args.latency_tps
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            due = time.monotonic()
+            while not stop.is_set():
+                conn.execute(f"UPDATE {TABLE} SET i = i + 1 WHERE id = %s", (rng.randrange(1, self.next_id),))
+                due += interval
+                pause = due - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+
+    def measure_latency(self, topic: str) -> list[float]:
+        """commit -> append (LogAppendTime) of every update committed while the writer runs."""
+        from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.servers, "group.id": f"lat-{topic}",
+                             "enable.auto.commit": False})
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in meta.partitions])
+        consumer.poll(0.5)
+        stop = threading.Event()
+        writer = threading.Thread(target=self.paced_updates, args=(stop,), daemon=True)
+        writer.start()
+        samples: list[float] = []
+        end = time.monotonic() + self.args.latency_s
+        while time.monotonic() < end + 3:
+            if time.monotonic() >= end:
+                stop.set()
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error() or msg.value() is None:
+                continue
+            event = json.loads(msg.value())
+            if event.get("op") == "u":
+                samples.append(msg.timestamp()[1] - event["source"]["ts_us"] / 1000)
+        stop.set()
+        writer.join(5)
+        consumer.close()
+        return samples
+
+    def set_log_append_time(self, topic: str) -> None:
+        from confluent_kafka.admin import (
+            AdminClient,
+            AlterConfigOpType,
+            ConfigEntry,
+            ConfigResource,
+        )
+
+        admin = AdminClient({"bootstrap.servers": self.servers})
+        entry = ConfigEntry("message.timestamp.type", "LogAppendTime",
+                            incremental_operation=AlterConfigOpType.SET)
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(30)
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self) -> None:
+        self.start()
+        for rnd in range(self.args.rounds):
+            order = ["cdc", "debezium"] if rnd % 2 == 0 else ["debezium", "cdc"]
+            prefixes = {side: f"{side[:3]}{rnd}" for side in order}
+            self.log(f"round {rnd + 1}: snapshot of {self.next_id - 1:,} rows, order {order}")
+            for side in order:
+                rows = self.next_id - 1
+                m = (self.cdc_snapshot(prefixes[side]) if side == "cdc"
+                     else self.debezium_run(prefixes[side], rows, rows, snapshot=True))
+                self.snapshot[side].append(m)
+                self.log(f"  {side} snapshot: {m.rate:,.0f} rows/s")
+            self.log(f"round {rnd + 1}: writing {self.args.rows:,} changes with both pipelines stopped")
+            self.write_changes(self.args.rows)
+            for side in order:
+                topic_rows = self.topic_count(topic_name(prefixes[side], "public", TABLE))
+                target = topic_rows + self.args.rows
+                m = (self.cdc_stream(prefixes[side], target, self.args.rows) if side == "cdc"
+                     else self.debezium_run(prefixes[side], target, self.args.rows, snapshot=True))
+                self.stream[side].append(m)
+                self.log(f"  {side} streaming: {m.rate:,.0f} changes/s")
+            for side in order:
+                topic = topic_name(prefixes[side], "public", TABLE)
+                self.set_log_append_time(topic)
+                if side == "cdc":
+                    proc = self.cdc_start(prefixes[side], "run")
+                    time.sleep(3)  # started and streaming before the paced writes begin
+                    self.latency[side] += self.measure_latency(topic)
+                    self.procs.stop(proc)
+                else:
+                    assert self.connect is not None
+                    self.connect.add_connector(prefixes[side], self.debezium_config(prefixes[side], True))
+                    time.sleep(3)
+                    self.latency[side] += self.measure_latency(topic)
+                    self.connect.delete_connector(prefixes[side])
+                self.log(f"  {side} latency: p50 {capture.pct(self.latency[side], 50):.1f} ms")
+
+    def report(self) -> str:
+        def best(ms: list[Measure]) -> Measure:
+            return max(ms, key=lambda m: m.rate)
+
+        lines = [
+            f"cdc vs Debezium 3.3.1.Final (Kafka Connect 4.1.1), Apache Kafka {capture.KAFKA_VERSION}, "
+            f"{os.cpu_count()} cores, load {min(self.loads):.2f}-{max(self.loads):.2f}, "
+            f"{self.args.rounds} rounds alternating (best round shown, all rounds in brackets)",
+            "",
+            "| measure | cdc (confluent) | Debezium | cdc / Debezium |",
+            "|---|---:|---:|---:|",
+        ]
+        for label, data in (("streaming changes/s", self.stream), ("snapshot rows/s", self.snapshot)):
+            c, d = best(data["cdc"]), best(data["debezium"])
+            all_c = ", ".join(f"{m.rate:,.0f}" for m in data["cdc"])
+            all_d = ", ".join(f"{m.rate:,.0f}" for m in data["debezium"])
+            lines.append(f"| {label} | {c.rate:,.0f} ({all_c}) | {d.rate:,.0f} ({all_d}) | {c.rate / d.rate:.2f} |")
+            cc, dc = c.cpu_us_per_row("side"), d.cpu_us_per_row("side")
+            lines.append(f"| {label.split()[0]}: CPU µs per row, pipeline process tree | {cc:.1f} | {dc:.1f} | "
+                         f"{dc / cc:.2f}x less |")
+            cb = c.cpu_us_per_row("side", "broker", "postgres")
+            db = d.cpu_us_per_row("side", "broker", "postgres")
+            lines.append(f"| {label.split()[0]}: CPU µs per row, + broker + PostgreSQL | {cb:.1f} | {db:.1f} | "
+                         f"{db / cb:.2f}x less |")
+        for q in (50, 99):
+            c, d = capture.pct(self.latency["cdc"], q), capture.pct(self.latency["debezium"], q)
+            lines.append(f"| commit-to-append p{q} (ms) | {c:.1f} | {d:.1f} | {c / d:.2f} |")
+        lines.append(f"| latency samples | {len(self.latency['cdc']):,} | {len(self.latency['debezium']):,} | |")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        self.procs.close()
+        for service in (self.connect, self.broker, self.pg):
+            if service is not None:
+                try:
+                    service.stop()
+                except Exception as exc:  # noqa: BLE001 (cleanup goes on)
+                    print(f"stopping {service!r}: {exc}", file=sys.stderr)
+        if self.args.keep:
+            print(f"kept {self.workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _postmaster_pgid(pg: LocalPostgres) -> int | None:
+    """PostgreSQL's process group (postmaster, walsenders, backends): from its pid file."""
+    try:
+        pid = int((pg.data_dir / "postmaster.pid").read_text().split()[0])
+        return os.getpgid(pid)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=300_000, help="streamed row changes per round")
+    parser.add_argument("--snapshot-rows", type=int, default=300_000, help="rows in the table before round 1")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--latency-tps", type=int, default=500)
+    parser.add_argument("--latency-s", type=float, default=10.0)
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args(argv)
+    bench = DebeziumBench(args)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        bench.run()
+        print("command: " + shlex.join(["python", "bench/debezium.py", *(argv or sys.argv[1:])]))
+        print(bench.report())
+        return 0
+    finally:
+        bench.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
