@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.local import jars
+from cdc.local.kafka import log4j2_properties
 from cdc.local.process import (
     LOCALHOST,
     GroupProcess,
@@ -28,20 +29,7 @@ from cdc.local.process import (
     wait_until,
 )
 
-_LOG4J2 = """\
-# Written by cdc.local.connect: the worker's log on stdout, at info.
-status = warn
-appender.out.type = Console
-appender.out.name = out
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.out.ref = out
-logger.kafka.name = org.apache.kafka
-logger.kafka.level = warn
-logger.connect.name = org.apache.kafka.connect
-logger.connect.level = info
-"""
+_LOG4J2 = log4j2_properties("cdc.local.connect", {"org.apache.kafka": "warn", "org.apache.kafka.connect": "info"})
 
 #: Settings every Debezium connector started here shares: the README's type-table modes
 #: (decimal as string, adaptive time precision, hstore as JSON), truncates sent (cdc's
