@@ -20,7 +20,7 @@ topics with acks=all. Per round, each side in turn (the order alternates between
    --latency-tps for --latency-s seconds; commit-to-append is the record's LogAppendTime
    (the topic's message.timestamp.type) minus source.ts_us (the commit time).
 
-CPU is utime + stime from /proc of every process group involved, measured over each
+CPU is utime + stime from /proc of every process group involved, sampled every 50 ms over each
 phase: cdc's (the daemon or `cdc snapshot` and its readers), Connect's JVM, the broker's
 JVM and PostgreSQL's (the walsenders and backends). Results go to stdout as tables.
 """
@@ -81,6 +81,52 @@ class Measure:
 
     def cpu_us_per_row(self, *groups: str) -> float:
         return sum(self.cpu.get(g, 0.0) for g in groups) / self.rows * 1e6
+
+
+class TreeCpu:
+    """CPU seconds used by process groups over a window, processes that come and go included
+    (snapshot readers, COPY backends, walsenders): a thread samples utime + stime of every
+    member every 50 ms and keeps each pid's last reading, so a process that exits inside the
+    window still counts up to its last sample."""
+
+    def __init__(self, groups: dict[str, int | None]) -> None:
+        self.groups = groups
+        self._first: dict[int, float] = {}
+        self._last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.used: dict[str, float] = {}
+
+    def _sample(self, first: bool) -> None:
+        for name, pgid in self.groups.items():
+            if pgid is None:
+                continue
+            for pid in capture.group_members(pgid):
+                cpu = capture.cpu_seconds(pid)
+                if cpu is None:
+                    continue
+                if first:
+                    self._first[pid] = cpu
+                self._last[pid] = (name, cpu)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self._sample(False)
+
+    def start(self) -> TreeCpu:
+        self._sample(True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> TreeCpu:
+        self._stop.set()
+        self._thread.join()
+        self._sample(False)
+        used: dict[str, float] = {}
+        for pid, (name, cpu) in self._last.items():
+            used[name] = used.get(name, 0.0) + cpu - self._first.get(pid, 0.0)
+        self.used = used
+        return self
 
 
 class DebeziumBench:
@@ -205,11 +251,10 @@ class DebeziumBench:
         rows = self.next_id - 1
         t0 = time.monotonic()
         proc = self.cdc_start(prefix, "snapshot")
-        window = capture.CpuWindow(self.groups(proc.pid)).start()
-        while proc.poll() is None:  # sample the group while it lives: its readers exit with it
-            window.stop()
-            time.sleep(0.1)
+        window = TreeCpu(self.groups(proc.pid)).start()
+        proc.wait()
         seconds = time.monotonic() - t0
+        window.stop()
         self.procs.forget(proc)
         if proc.returncode != 0:
             raise capture.BenchError(f"cdc snapshot failed; see {self.workdir}/{prefix}-snapshot.log")
@@ -219,7 +264,7 @@ class DebeziumBench:
         topic = topic_name(prefix, "public", TABLE)
         t0 = time.monotonic()
         proc = self.cdc_start(prefix, "run")
-        window = capture.CpuWindow(self.groups(proc.pid)).start()
+        window = TreeCpu(self.groups(proc.pid)).start()
         self.wait_count(topic, target)
         window.stop()
         measure = Measure(rows, time.monotonic() - t0, dict(window.used))
@@ -239,7 +284,7 @@ class DebeziumBench:
     def debezium_run(self, prefix: str, target: int, rows: int, snapshot: bool) -> Measure:
         assert self.connect is not None and self.connect.pid is not None
         topic = topic_name(prefix, "public", TABLE)
-        window = capture.CpuWindow(self.groups(self.connect.pid)).start()
+        window = TreeCpu(self.groups(self.connect.pid)).start()
         t0 = time.monotonic()
         self.connect.add_connector(prefix, self.debezium_config(prefix, snapshot))
         self.wait_count(topic, target)
@@ -253,6 +298,9 @@ class DebeziumBench:
         rng = random.Random(7)
         interval = 1.0 / self.args.latency_tps
         with psycopg.connect(self.dsn, autocommit=True) as conn:
+            # the server runs with synchronous_commit off, and a walsender sends only flushed
+            # WAL: without this the WAL writer's 200 ms rhythm would be the latency measured
+            conn.execute("SET synchronous_commit = on")
             due = time.monotonic()
             while not stop.is_set():
                 conn.execute(f"UPDATE {TABLE} SET i = i + 1 WHERE id = %s", (rng.randrange(1, self.next_id),))
