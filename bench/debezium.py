@@ -72,15 +72,21 @@ WORKER = {"connector.client.config.override.policy": "All", "offset.flush.interv
 @dataclass
 class Measure:
     rows: int
-    seconds: float
-    cpu: dict[str, float] = field(default_factory=dict)  # process group -> CPU seconds
+    seconds: float  # from the start of the process or connector to the end (cdc snapshot: its exit)
+    steady_s: float  # from the first record to the last: the rate once started
+    cpu: dict[str, float] = field(default_factory=dict)  # process group -> CPU seconds, all of it
+    steady_cpu: dict[str, float] = field(default_factory=dict)  # ... from the first record on
 
     @property
     def rate(self) -> float:
+        return self.rows / self.steady_s
+
+    @property
+    def rate_with_start(self) -> float:
         return self.rows / self.seconds
 
     def cpu_us_per_row(self, *groups: str) -> float:
-        return sum(self.cpu.get(g, 0.0) for g in groups) / self.rows * 1e6
+        return sum(self.steady_cpu.get(g, 0.0) for g in groups) / self.rows * 1e6
 
 
 class TreeCpu:
@@ -92,10 +98,12 @@ class TreeCpu:
     def __init__(self, groups: dict[str, int | None]) -> None:
         self.groups = groups
         self._first: dict[int, float] = {}
+        self._mark: dict[int, float] | None = None
         self._last: dict[int, tuple[str, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.used: dict[str, float] = {}
+        self.steady: dict[str, float] = {}
 
     def _sample(self, first: bool) -> None:
         for name, pgid in self.groups.items():
@@ -118,14 +126,21 @@ class TreeCpu:
         self._thread.start()
         return self
 
+    def mark(self) -> None:
+        """From here on `steady` counts (the first record is out: start-up is over)."""
+        self._sample(False)
+        self._mark = {pid: cpu for pid, (_, cpu) in self._last.items()}
+
     def stop(self) -> TreeCpu:
         self._stop.set()
         self._thread.join()
         self._sample(False)
-        used: dict[str, float] = {}
+        self.used, self.steady = {}, {}
         for pid, (name, cpu) in self._last.items():
-            used[name] = used.get(name, 0.0) + cpu - self._first.get(pid, 0.0)
-        self.used = used
+            base = self._first.get(pid, 0.0)  # a process born in the window used all its CPU here
+            self.used[name] = self.used.get(name, 0.0) + cpu - base
+            marked = base if self._mark is None else self._mark.get(pid, 0.0 if pid not in self._first else base)
+            self.steady[name] = self.steady.get(name, 0.0) + cpu - marked
         return self
 
 
@@ -188,12 +203,32 @@ class DebeziumBench:
         except KafkaException:
             return 0
 
-    def wait_count(self, topic: str, target: int, timeout: float = 900) -> None:
-        deadline = time.monotonic() + timeout
-        while self.topic_count(topic) < target:
-            if time.monotonic() > deadline:
-                raise capture.BenchError(f"{topic} did not reach {target} records in {timeout:.0f} s")
-            time.sleep(0.1)
+    def follow(
+        self, pgid: int | None, t0: float, topic: str, initial: int, rows: int,
+        proc: subprocess.Popen | None = None, timeout: float = 900,
+    ) -> Measure:
+        """Poll the topic until it holds `rows` more records than `initial`; CPU of the
+        pipeline's group (and the broker's and PostgreSQL's) from `t0` and from the first record."""
+        window = TreeCpu(self.groups(pgid)).start()
+        first: float | None = None
+        while True:
+            count, now = self.topic_count(topic), time.monotonic()
+            if first is None and count > initial:
+                first = now
+                window.mark()
+            if count >= initial + rows:
+                break
+            if now > t0 + timeout:
+                window.stop()
+                raise capture.BenchError(f"{topic} did not reach {initial + rows} records in {timeout:.0f} s")
+            time.sleep(0.05)
+        done = now
+        if proc is not None:
+            proc.wait()  # `cdc snapshot` ends once every record is acknowledged and its state written
+        end = time.monotonic()
+        window.stop()
+        assert first is not None
+        return Measure(rows, end - t0, max(done - first, 1e-3), dict(window.used), dict(window.steady))
 
     # -- setup -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -248,49 +283,39 @@ class DebeziumBench:
         return self.procs.start(f"cdc {verb}", argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
 
     def cdc_snapshot(self, prefix: str) -> Measure:
-        rows = self.next_id - 1
         t0 = time.monotonic()
         proc = self.cdc_start(prefix, "snapshot")
-        window = TreeCpu(self.groups(proc.pid)).start()
-        proc.wait()
-        seconds = time.monotonic() - t0
-        window.stop()
+        measure = self.follow(proc.pid, t0, topic_name(prefix, "public", TABLE), 0, self.next_id - 1, proc)
         self.procs.forget(proc)
         if proc.returncode != 0:
             raise capture.BenchError(f"cdc snapshot failed; see {self.workdir}/{prefix}-snapshot.log")
-        return Measure(rows, seconds, dict(window.used))
+        return measure
 
-    def cdc_stream(self, prefix: str, target: int, rows: int) -> Measure:
-        topic = topic_name(prefix, "public", TABLE)
+    def cdc_stream(self, prefix: str, initial: int, rows: int) -> Measure:
         t0 = time.monotonic()
         proc = self.cdc_start(prefix, "run")
-        window = TreeCpu(self.groups(proc.pid)).start()
-        self.wait_count(topic, target)
-        window.stop()
-        measure = Measure(rows, time.monotonic() - t0, dict(window.used))
+        measure = self.follow(proc.pid, t0, topic_name(prefix, "public", TABLE), initial, rows)
         self.procs.stop(proc)
         return measure
 
     # -- Debezium --------------------------------------------------------------------------
-    def debezium_config(self, prefix: str, snapshot: bool) -> dict[str, str]:
+    def debezium_config(self, prefix: str) -> dict[str, str]:
         assert self.pg is not None
         return debezium_connector(
             prefix, dsn_host="127.0.0.1", dsn_port=self.pg.port, dbname="postgres", prefix=prefix,
             tables=[f"public\\.{TABLE}"], schemas=False,
             extra={**DEBEZIUM_TUNING, "publication.name": capture.PUBLICATION,
-                   "publication.autocreate.mode": "disabled", "snapshot.mode": "initial" if snapshot else "no_data"},
+                   "publication.autocreate.mode": "disabled", "snapshot.mode": "initial"},
         )
 
-    def debezium_run(self, prefix: str, target: int, rows: int, snapshot: bool) -> Measure:
+    def debezium_run(self, prefix: str, initial: int, rows: int) -> Measure:
+        """Create the connector (the same config every time: its offsets say whether the
+        snapshot is done), follow its topic, delete it (offsets and slot stay)."""
         assert self.connect is not None and self.connect.pid is not None
-        topic = topic_name(prefix, "public", TABLE)
-        window = TreeCpu(self.groups(self.connect.pid)).start()
         t0 = time.monotonic()
-        self.connect.add_connector(prefix, self.debezium_config(prefix, snapshot))
-        self.wait_count(topic, target)
-        window.stop()
-        measure = Measure(rows, time.monotonic() - t0, dict(window.used))
-        self.connect.delete_connector(prefix)  # offsets and slot stay: the next start resumes
+        self.connect.add_connector(prefix, self.debezium_config(prefix))
+        measure = self.follow(self.connect.pid, t0, topic_name(prefix, "public", TABLE), initial, rows)
+        self.connect.delete_connector(prefix)
         return measure
 
     # -- latency ---------------------------------------------------------------------------
@@ -360,18 +385,16 @@ class DebeziumBench:
             prefixes = {side: f"{side[:3]}{rnd}" for side in order}
             self.log(f"round {rnd + 1}: snapshot of {self.next_id - 1:,} rows, order {order}")
             for side in order:
-                rows = self.next_id - 1
                 m = (self.cdc_snapshot(prefixes[side]) if side == "cdc"
-                     else self.debezium_run(prefixes[side], rows, rows, snapshot=True))
+                     else self.debezium_run(prefixes[side], 0, self.next_id - 1))
                 self.snapshot[side].append(m)
                 self.log(f"  {side} snapshot: {m.rate:,.0f} rows/s")
             self.log(f"round {rnd + 1}: writing {self.args.rows:,} changes with both pipelines stopped")
             self.write_changes(self.args.rows)
             for side in order:
-                topic_rows = self.topic_count(topic_name(prefixes[side], "public", TABLE))
-                target = topic_rows + self.args.rows
-                m = (self.cdc_stream(prefixes[side], target, self.args.rows) if side == "cdc"
-                     else self.debezium_run(prefixes[side], target, self.args.rows, snapshot=True))
+                initial = self.topic_count(topic_name(prefixes[side], "public", TABLE))
+                m = (self.cdc_stream(prefixes[side], initial, self.args.rows) if side == "cdc"
+                     else self.debezium_run(prefixes[side], initial, self.args.rows))
                 self.stream[side].append(m)
                 self.log(f"  {side} streaming: {m.rate:,.0f} changes/s")
             for side in order:
@@ -384,7 +407,7 @@ class DebeziumBench:
                     self.procs.stop(proc)
                 else:
                     assert self.connect is not None
-                    self.connect.add_connector(prefixes[side], self.debezium_config(prefixes[side], True))
+                    self.connect.add_connector(prefixes[side], self.debezium_config(prefixes[side]))
                     time.sleep(3)
                     self.latency[side] += self.measure_latency(topic)
                     self.connect.delete_connector(prefixes[side])
@@ -396,8 +419,9 @@ class DebeziumBench:
 
         lines = [
             f"cdc vs Debezium 3.3.1.Final (Kafka Connect 4.1.1), Apache Kafka {capture.KAFKA_VERSION}, "
-            f"{os.cpu_count()} cores, load {min(self.loads):.2f}-{max(self.loads):.2f}, "
-            f"{self.args.rounds} rounds alternating (best round shown, all rounds in brackets)",
+            f"{os.cpu_count()} cores, load {min(self.loads):.2f}-{max(self.loads):.2f}; {self.args.rounds} rounds, "
+            "alternating; rates from the first record to the last, best round (every round in brackets); "
+            "CPU per row in that round, from the first record on",
             "",
             "| measure | cdc (confluent) | Debezium | cdc / Debezium |",
             "|---|---:|---:|---:|",
@@ -406,17 +430,20 @@ class DebeziumBench:
             c, d = best(data["cdc"]), best(data["debezium"])
             all_c = ", ".join(f"{m.rate:,.0f}" for m in data["cdc"])
             all_d = ", ".join(f"{m.rate:,.0f}" for m in data["debezium"])
+            kind = label.split()[0]
             lines.append(f"| {label} | {c.rate:,.0f} ({all_c}) | {d.rate:,.0f} ({all_d}) | {c.rate / d.rate:.2f} |")
+            cs, ds = c.rate_with_start, d.rate_with_start
+            lines.append(f"| {kind}, start-up included | {cs:,.0f} | {ds:,.0f} | {cs / ds:.2f} |")
             cc, dc = c.cpu_us_per_row("side"), d.cpu_us_per_row("side")
-            lines.append(f"| {label.split()[0]}: CPU µs per row, pipeline process tree | {cc:.1f} | {dc:.1f} | "
-                         f"{dc / cc:.2f}x less |")
+            lines.append(f"| {kind}: CPU µs per row, cdc's / Connect's process tree | {cc:.1f} | {dc:.1f} | "
+                         f"{cc / dc:.2f} |")
             cb = c.cpu_us_per_row("side", "broker", "postgres")
             db = d.cpu_us_per_row("side", "broker", "postgres")
-            lines.append(f"| {label.split()[0]}: CPU µs per row, + broker + PostgreSQL | {cb:.1f} | {db:.1f} | "
-                         f"{db / cb:.2f}x less |")
+            lines.append(f"| {kind}: CPU µs per row, with the broker and PostgreSQL | {cb:.1f} | {db:.1f} | "
+                         f"{cb / db:.2f} |")
         for q in (50, 99):
             c, d = capture.pct(self.latency["cdc"], q), capture.pct(self.latency["debezium"], q)
-            lines.append(f"| commit-to-append p{q} (ms) | {c:.1f} | {d:.1f} | {c / d:.2f} |")
+            lines.append(f"| commit-to-append p{q} (ms), {self.args.latency_tps} tx/s | {c:.1f} | {d:.1f} | {c / d:.2f} |")
         lines.append(f"| latency samples | {len(self.latency['cdc']):,} | {len(self.latency['debezium']):,} | |")
         return "\n".join(lines)
 
