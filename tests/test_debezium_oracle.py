@@ -12,7 +12,7 @@ still be observed: a fix on either side, or a new difference, fails here.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -62,7 +62,7 @@ def _ops(p: oracle.Pipeline) -> list[str]:
     return [e.value["op"] if e.value else "tombstone" for events in p.events.values() for e in events]
 
 
-def _read_all(servers: str, pipelines: list[oracle.Pipeline], done: callable) -> None:  # type: ignore[valid-type]
+def _read_all(servers: str, pipelines: list[oracle.Pipeline], done: Callable[[oracle.Pipeline], bool]) -> None:
     """Poll every pipeline's topics until `done` holds for all (deadline, no sleeps beyond polling)."""
     def ready() -> bool:
         for p in pipelines:
