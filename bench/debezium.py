@@ -334,6 +334,18 @@ class DebeziumBench:
                 if pause > 0:
                     time.sleep(pause)
 
+    def caught_up(self, topic: str, timeout: float = 300) -> None:
+        """Until the topic stops growing for a second: the pipeline is past the backlog the other
+        side's phases left in its slot, and idles before the paced writes start. (Debezium
+        confirms no LSN beyond its last event without heartbeats, so the slot cannot tell.)"""
+        deadline = time.monotonic() + timeout
+        last = -1
+        while (count := self.topic_count(topic)) != last or count == 0:
+            if time.monotonic() > deadline:
+                raise capture.BenchError(f"{topic} still growing after {timeout:.0f} s")
+            last = count
+            time.sleep(1.0)
+
     def measure_latency(self, topic: str) -> list[float]:
         """commit -> append (LogAppendTime) of every update committed while the writer runs."""
         from confluent_kafka import OFFSET_END, Consumer, TopicPartition
@@ -345,6 +357,7 @@ class DebeziumBench:
         consumer.poll(0.5)
         stop = threading.Event()
         writer = threading.Thread(target=self.paced_updates, args=(stop,), daemon=True)
+        started_us = time.time_ns() // 1000  # the backlog of earlier phases never counts
         writer.start()
         samples: list[float] = []
         end = time.monotonic() + self.args.latency_s
@@ -355,7 +368,7 @@ class DebeziumBench:
             if msg is None or msg.error() or msg.value() is None:
                 continue
             event = json.loads(msg.value())
-            if event.get("op") == "u":
+            if event.get("op") == "u" and event["source"]["ts_us"] >= started_us:
                 samples.append(msg.timestamp()[1] - event["source"]["ts_us"] / 1000)
         stop.set()
         writer.join(5)
@@ -402,13 +415,13 @@ class DebeziumBench:
                 self.set_log_append_time(topic)
                 if side == "cdc":
                     proc = self.cdc_start(prefixes[side], "run")
-                    time.sleep(3)  # started and streaming before the paced writes begin
+                    self.caught_up(topic)
                     self.latency[side] += self.measure_latency(topic)
                     self.procs.stop(proc)
                 else:
                     assert self.connect is not None
                     self.connect.add_connector(prefixes[side], self.debezium_config(prefixes[side]))
-                    time.sleep(3)
+                    self.caught_up(topic)
                     self.latency[side] += self.measure_latency(topic)
                     self.connect.delete_connector(prefixes[side])
                 self.log(f"  {side} latency: p50 {capture.pct(self.latency[side], 50):.1f} ms")
