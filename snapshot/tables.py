@@ -13,7 +13,7 @@ import psycopg
 
 from cdc.events.changes import ColumnDef
 from cdc.naming import qualified, quote_ident, quote_literal
-from cdc.source.catalog import CapturedTable
+from cdc.source.catalog import CapturedTable, column_facts
 
 _COLUMNS_SQL = """
 SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod)
@@ -71,6 +71,13 @@ def describe(conn: psycopg.Connection, captured: CapturedTable) -> SnapshotTable
     """Preflight already refused tables without a key, which no snapshot could order or resume by."""
     rows = conn.execute(_COLUMNS_SQL, (captured.oid,)).fetchall()
     keys = set(captured.key_columns)
-    columns = tuple(ColumnDef(name, type_oid, typmod, name in keys) for name, type_oid, typmod, _ in rows)
+    facts = column_facts(conn, captured.oid)  # in the same snapshot: the shape the rows have
+    columns = tuple(
+        ColumnDef(
+            name, type_oid, typmod, name in keys,
+            facts[name].not_null, facts[name].default, max(facts[name].dimensions, 1),
+        )
+        for name, type_oid, typmod, _ in rows
+    )
     types = {name: shown for name, _, _, shown in rows}
     return SnapshotTable(captured, columns, tuple(types[k] for k in captured.key_columns))

@@ -25,8 +25,8 @@ from compaction.table import TopicTable, build, payload_of
 # The Debezium envelope's fields, and its source block's, in the order cdc writes them
 ENVELOPE_KEYS = ["before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns"]
 SOURCE_KEYS = [
-    "version", "connector", "name", "ts_ms", "ts_us", "ts_ns", "snapshot", "db",
-    "sequence", "schema", "table", "txId", "lsn", "xmin",
+    "version", "connector", "name", "ts_ms", "snapshot", "db", "sequence",
+    "ts_us", "ts_ns", "schema", "table", "txId", "lsn", "xmin",
 ]
 
 

@@ -615,6 +615,7 @@ SCHEMAS = [
     (BUILTIN_TYPES[2950], -1, ("string", "io.debezium.data.Uuid")),
     (BUILTIN_TYPES[142], -1, ("string", "io.debezium.data.Xml")),
     (BUILTIN_TYPES[114], -1, ("string", "io.debezium.data.Json")),
+    (BUILTIN_TYPES[3614], -1, ("string", "io.debezium.data.Tsvector")),  # Debezium >= 3.3
     (BUILTIN_TYPES[1082], -1, ("int32", "io.debezium.time.Date")),
     (BUILTIN_TYPES[1083], 3, ("int32", "io.debezium.time.Time")),
     (BUILTIN_TYPES[1083], -1, ("int64", "io.debezium.time.MicroTime")),

@@ -11,9 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import orjson
 
 from cdc import accel
+from cdc.events.defaults import default_value
 from cdc.events.records import (
     TOAST_PLACEHOLDER,
     TOAST_PLACEHOLDER_BYTES,
@@ -28,6 +31,7 @@ from cdc.events.types import converter, field_schema
 from cdc.naming import TablePattern, parse_table_pattern, topic_name
 from cdc.source import pgoutput
 from cdc.source.catalog import Catalog
+from cdc.source.pgtypes import PgType
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,29 @@ class ColumnDef(NamedTuple):
     type_oid: int
     type_modifier: int
     key: bool
+    #: from the catalog (pgoutput does not send them): the field schema's optional and default
+    not_null: bool = False
+    default: str | None = None  # the default expression's text (pg_get_expr), None if none
+    dimensions: int = 1  # declared array depth (pg_attribute.attndims)
+
+
+_HSTORE_PLACEHOLDER = orjson.dumps({TOAST_PLACEHOLDER: TOAST_PLACEHOLDER}).decode()
+
+
+def _toast_placeholder(pgtype: PgType, field: dict[str, Any]) -> Any:
+    """Debezium's value for an unchanged TOASTed column, in the column's own shape (checked
+    against the real connector): base64 of the placeholder for bytea, a one-pair JSON object
+    for hstore, a one-element list for arrays of strings or bytes, else the string."""
+    while pgtype.kind == "d" and pgtype.base is not None:
+        pgtype = pgtype.base
+    if pgtype.name == "bytea":
+        return TOAST_PLACEHOLDER_BYTES
+    if pgtype.name == "hstore":
+        return _HSTORE_PLACEHOLDER
+    items = field.get("items")
+    if field["type"] == "array" and items is not None and items["type"] in ("string", "bytes"):
+        return [TOAST_PLACEHOLDER_BYTES if items["type"] == "bytes" else TOAST_PLACEHOLDER]
+    return TOAST_PLACEHOLDER
 
 
 class ChangeRenderer:
@@ -78,7 +105,18 @@ class ChangeRenderer:
 
     def relation(self, msg: pgoutput.Relation) -> None:
         """A Relation message of the stream: how that table's rows look from here on."""
-        columns = [ColumnDef(c.name, c.type_oid, c.type_modifier, bool(c.flags & 1)) for c in msg.columns]
+        facts = self.catalog.column_facts(msg.oid)
+        columns = []
+        for c in msg.columns:
+            fact = facts.get(c.name)
+            columns.append(
+                ColumnDef(c.name, c.type_oid, c.type_modifier, bool(c.flags & 1))
+                if fact is None
+                else ColumnDef(
+                    c.name, c.type_oid, c.type_modifier, bool(c.flags & 1),
+                    fact.not_null, fact.default, max(fact.dimensions, 1),
+                )
+            )
         self.describe(msg.oid, msg.namespace, msg.name, columns)
 
     def describe(self, oid: int, schema: str, table: str, columns: list[ColumnDef]) -> None:
@@ -101,16 +139,19 @@ class ChangeRenderer:
                 f"table {display} has no primary key and no replica identity index: add a primary key, or "
                 f"ALTER TABLE {display} REPLICA IDENTITY USING INDEX <unique index>"
             )
-        not_null = set(key_names)
+        keys = set(key_names)
         rendered, shape = [], []
         for col in columns:
             pgtype = self.catalog.pg_type(col.type_oid)
-            connect = field_schema(pgtype, col.type_modifier, col.name, col.name not in not_null)
+            connect = field_schema(
+                pgtype, col.type_modifier, col.name, not (col.not_null or col.name in keys),
+                default_value(pgtype, col.type_modifier, col.default), col.dimensions,
+            )
             rendered.append(
                 Column(
                     name=col.name,
                     convert=converter(pgtype, col.type_modifier),
-                    placeholder=TOAST_PLACEHOLDER_BYTES if pgtype.name == "bytea" else TOAST_PLACEHOLDER,
+                    placeholder=_toast_placeholder(pgtype, connect),
                     schema=connect,
                 )
             )

@@ -9,6 +9,7 @@ snapshot reads, so every producer of events renders them identically.
 from __future__ import annotations
 
 import base64
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ SOURCE_VERSION = f"cdc-{__version__}"
 
 
 _ENVELOPE = b'{"before":%b,"after":%b,"source":%b,"transaction":null,"op":%b,"ts_ms":%d,"ts_us":%d,"ts_ns":%d000}'
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 _OPS = {op: orjson.dumps(op) for op in ("r", "c", "u", "d", "t")}
 
 
@@ -175,17 +177,22 @@ class TableEvents:
 
     def source_parts(self, commit_ts_us: int, snapshot: str, commit_lsn: int, xid: int | None) -> tuple[bytes, bytes]:
         """The `source` block around its per-event part: head + change LSN + tail + lsn."""
+        # Debezium's field order (its Source schema's): sequence before ts_us and ts_ns
         head = {
             "version": SOURCE_VERSION,
             "connector": "postgresql",
             "name": self.prefix,
             "ts_ms": commit_ts_us // 1000,
-            "ts_us": commit_ts_us,
-            "ts_ns": commit_ts_us * 1000,
             "snapshot": snapshot,
             "db": self.database,
         }
-        tail = {"schema": self.schema, "table": self.table, "txId": xid}
+        tail = {
+            "ts_us": commit_ts_us,
+            "ts_ns": commit_ts_us * 1000,
+            "schema": self.schema,
+            "table": self.table,
+            "txId": xid,
+        }
         # sequence is a string holding a JSON array: '"[\"<commit>\",\"<change>\"]"'
         return (
             orjson.dumps(head)[:-1] + b',"sequence":"[\\"%d\\",\\"' % commit_lsn,
@@ -202,10 +209,16 @@ class TableEvents:
             return payload
         return b'{"schema":' + self.envelope_schema() + b',"payload":' + payload + b"}"
 
+    @property
+    def schema_name_prefix(self) -> str:
+        """`<prefix>.<schema>.<table>` with every character outside ``[A-Za-z0-9._-]`` as
+        ``_``: Debezium names its Connect schemas after its topic names, sanitized so."""
+        return _UNSAFE_NAME.sub("_", f"{self.prefix}.{self.schema}.{self.table}")
+
     def envelope_schema(self) -> bytes:
         """Debezium's Connect schema of the envelope, serialized once per relation version."""
         if self._envelope_schema is None:
-            value_name = f"{self.prefix}.{self.schema}.{self.table}.Value"
+            value_name = f"{self.schema_name_prefix}.Value"
             row = {"type": "struct", "fields": [c.schema for c in self.columns], "optional": True, "name": value_name}
             self._envelope_schema = orjson.dumps(
                 {
@@ -221,7 +234,7 @@ class TableEvents:
                         {"type": "int64", "optional": True, "field": "ts_ns"},
                     ],
                     "optional": False,
-                    "name": f"{self.prefix}.{self.schema}.{self.table}.Envelope",
+                    "name": f"{self.schema_name_prefix}.Envelope",
                     "version": 2,
                 }
             )
@@ -232,15 +245,13 @@ def _field(kind: str, field_name: str, optional: bool = False, **extra: Any) -> 
     return {"type": kind, "optional": optional, **extra, "field": field_name}
 
 
-SOURCE_SCHEMA: dict[str, Any] = {
+SOURCE_SCHEMA: dict[str, Any] = {  # Debezium 3.3's, field order and version included
     "type": "struct",
     "fields": [
         _field("string", "version"),
         _field("string", "connector"),
         _field("string", "name"),
         _field("int64", "ts_ms"),
-        _field("int64", "ts_us", True),
-        _field("int64", "ts_ns", True),
         _field(
             "string", "snapshot", True, name="io.debezium.data.Enum", version=1,
             parameters={"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
@@ -248,6 +259,8 @@ SOURCE_SCHEMA: dict[str, Any] = {
         ),
         _field("string", "db"),
         _field("string", "sequence", True),
+        _field("int64", "ts_us", True),
+        _field("int64", "ts_ns", True),
         _field("string", "schema"),
         _field("string", "table"),
         _field("int64", "txId", True),
@@ -256,6 +269,7 @@ SOURCE_SCHEMA: dict[str, Any] = {
     ],
     "optional": False,
     "name": "io.debezium.connector.postgresql.Source",
+    "version": 1,
 }
 
 TRANSACTION_SCHEMA: dict[str, Any] = {

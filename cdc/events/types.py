@@ -26,6 +26,7 @@ from cdc.source.pgtypes import BUILTIN_TYPES, PgType
 
 __all__ = [
     "NATIVE_KINDS",
+    "NO_DEFAULT",
     "PASSTHROUGH",
     "Converter",
     "converter",
@@ -599,6 +600,7 @@ _SIMPLE_SCHEMAS: dict[str, _Schema] = {
     "json": ("string", "io.debezium.data.Json", None),
     "jsonb": ("string", "io.debezium.data.Json", None),
     "xml": ("string", "io.debezium.data.Xml", None),
+    "tsvector": ("string", "io.debezium.data.Tsvector", None),  # Debezium >= 3.3
     "date": ("int32", "io.debezium.time.Date", None),
     "timestamptz": ("string", "io.debezium.time.ZonedTimestamp", None),
     "timetz": ("string", "io.debezium.time.ZonedTime", None),
@@ -682,9 +684,22 @@ def _schema(pgtype: PgType, typmod: int, optional: bool) -> dict[str, Any]:
     return out
 
 
-def field_schema(pgtype: PgType, typmod: int, field: str, optional: bool) -> dict[str, Any]:
+#: `field_schema`'s `default` when the column's schema declares none (None is a valid default)
+NO_DEFAULT: Any = object()
+
+
+def field_schema(
+    pgtype: PgType, typmod: int, field: str, optional: bool, default: Any = NO_DEFAULT, dimensions: int = 1
+) -> dict[str, Any]:
     """Kafka Connect JSON schema of one column, as Debezium's JsonConverter writes it
-    when schemas are enabled (key order included, so the bytes match)."""
+    when schemas are enabled (key order included, so the bytes match). `default` is the
+    JSON value of the column default (``cdc.events.defaults``), omitted when not given;
+    `dimensions` is the declared depth of an array column (pg_attribute.attndims)."""
     out = _schema(pgtype, typmod, optional)
+    if out["type"] == "array":
+        for _ in range(dimensions - 1):  # int[][]: an array of arrays, as the values are nested
+            out["items"] = {"type": "array", "items": out["items"], "optional": True}
+    if default is not NO_DEFAULT:
+        out["default"] = default
     out["field"] = field
     return out

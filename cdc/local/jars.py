@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -42,12 +43,23 @@ BUNDLES: dict[str, tuple[str, ...]] = {
         "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0",
         "io.delta:delta-spark_4.2_2.13:4.4.0",
     ),
+    # Kafka Connect standalone (the worker that runs the Debezium connector, the tests'
+    # oracle), the same Kafka version as the broker, with the broker's log4j2 binding.
+    "connect": (
+        "org.apache.kafka:connect-runtime:4.1.1",
+        "org.apache.kafka:connect-json:4.1.1",
+        "org.apache.logging.log4j:log4j-core:2.24.3",
+        "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",
+    ),
 }
 
 #: distribution -> the zip's coordinates (group:artifact:version:zip), unpacked once
 DISTRIBUTIONS: dict[str, str] = {
     # The integration-test distribution: one module (transport-netty4), no plugins.
     "opensearch": "org.opensearch.distribution.integ-test-zip:opensearch:2.19.3:zip",
+    # Debezium's PostgreSQL connector as a Connect plugin folder: the plain jar's transitive
+    # resolution fails on a dependency that is not on Maven Central; the tarball has all.
+    "debezium-postgres": "io.debezium:debezium-connector-postgres:3.3.1.Final:tar.gz:plugin",
 }
 
 JDK_MAJOR = 17  # OpenSearch 2.x refuses newer JDKs' ergonomics; Kafka 4 and Spark 4 run on it
@@ -174,7 +186,8 @@ def spark_jars() -> list[Path]:
 
 
 def distribution_home(name: str) -> Path:
-    """The unpacked home folder of distribution `name` (fetched and unzipped on first use)."""
+    """The unpacked home folder of distribution `name` (a zip or a tar.gz, fetched and
+    unpacked on first use)."""
     coord = DISTRIBUTIONS[name]
     target = cache_root() / f"{name}-{_version_tag((coord,))}"
     if (target / ".complete").exists():
@@ -188,9 +201,13 @@ def distribution_home(name: str) -> Path:
                     work,
                     f"the {name} distribution ({coord})",
                 )
-                (archive,) = work.glob("*.zip")
+                (archive,) = [p for p in work.iterdir() if p.name.endswith((".zip", ".tar.gz"))]
                 out = work / "home"
-                _unzip(archive, out)
+                if archive.name.endswith(".zip"):
+                    _unzip(archive, out)
+                else:
+                    with tarfile.open(archive) as tf:
+                        tf.extractall(out, filter="tar")
                 (out / ".complete").write_text(coord + "\n")
                 shutil.rmtree(target, ignore_errors=True)
                 out.rename(target)

@@ -23,18 +23,26 @@ from cdc.local.process import (
     free_port,
 )
 
-_LOG4J2 = """\
-# Written by cdc.local.kafka: the broker's log on stdout, at info (Kafka logs nothing without one).
-status = warn
-appender.out.type = Console
-appender.out.name = out
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.out.ref = out
-logger.state.name = state.change.logger
-logger.state.level = warn
-"""
+
+def log4j2_properties(writer: str, loggers: dict[str, str]) -> str:
+    """A log4j2 config for a Kafka JVM (broker or Connect): its log on stdout at info, some
+    loggers at other levels (Kafka logs nothing without one)."""
+    lines = [
+        f"# Written by {writer}: the JVM's log on stdout, at info.",
+        "status = warn",
+        "appender.out.type = Console",
+        "appender.out.name = out",
+        "appender.out.layout.type = PatternLayout",
+        "appender.out.layout.pattern = [%d] %p %m (%c)%n",
+        "rootLogger.level = info",
+        "rootLogger.appenderRef.out.ref = out",
+    ]
+    for i, (name, level) in enumerate(loggers.items()):
+        lines += [f"logger.l{i}.name = {name}", f"logger.l{i}.level = {level}"]
+    return "\n".join(lines) + "\n"
+
+
+_LOG4J2 = log4j2_properties("cdc.local.kafka", {"state.change.logger": "warn"})
 
 
 def _cluster_id() -> str:

@@ -56,6 +56,30 @@ ORDER BY a.attnum
 """
 
 
+#: What pgoutput's Relation message leaves out of a column, read per relation version:
+#: NOT NULL (the field schema's `optional`), the default's text (its `default`) and the
+#: declared array depth (`int[][]`: nested array schemas). The snapshot's describe runs
+#: it inside the exported snapshot; the stream runs it when a Relation message arrives.
+COLUMN_FACTS_SQL = """
+SELECT a.attname, a.attnotnull, pg_get_expr(d.adbin, d.adrelid), a.attndims
+FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+
+@dataclass(frozen=True)
+class ColumnFacts:
+    not_null: bool
+    default: str | None  # pg_get_expr of the default under the pinned session settings
+    dimensions: int  # pg_attribute.attndims: declared, not enforced by PostgreSQL
+
+
+def column_facts(conn: psycopg.Connection, oid: int) -> dict[str, ColumnFacts]:
+    rows = conn.execute(COLUMN_FACTS_SQL, (oid,)).fetchall()
+    return {name: ColumnFacts(bool(nn), default, int(dims)) for name, nn, default, dims in rows}
+
+
 class Catalog:
     """Catalog look-ups on one autocommit connection with the pinned session settings."""
 
@@ -89,6 +113,11 @@ class Catalog:
         if found is None:
             found = self._types[oid] = load_type(self.conn, oid)
         return found
+
+    def column_facts(self, oid: int) -> dict[str, ColumnFacts]:
+        """NOT NULL, default and array depth per column, as the catalog says *now*: read when
+        a Relation message arrives, so a later ALTER is seen early (see the README)."""
+        return column_facts(self.conn, oid)
 
     def all_tables(self) -> list[tuple[int, str, str, str]]:
         return [tuple(r) for r in self.conn.execute(_TABLES_SQL).fetchall()]
