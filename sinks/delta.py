@@ -141,19 +141,25 @@ class DeltaStore:
         self.spark = spark
         self.root = root
         self._watermarks: dict[str, dict[int, int]] = {}  # table path -> partition -> offset
+        self._schemas: dict[str, dict[str, DataType]] = {}  # table path -> its columns, as last seen
 
     # -- tables ----------------------------------------------------------------------
     def _table(self, path: str, columns: dict[str, DataType], meta: StructType, what: str) -> DeltaTable:
         """The Delta table at `path` with at least `columns` + `meta`: created, or evolved
         (new columns added, types widened); a change it cannot take raises TypeConflict."""
         spark = self.spark
+        known = self._schemas.get(path)
+        if known is not None and all(known.get(n) == t for n, t in columns.items()):
+            return DeltaTable.forPath(spark, path)
         if not DeltaTable.isDeltaTable(spark, path):
             schema = StructType([StructField(n, t) for n, t in columns.items()] + list(meta.fields))
             builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
             for key, value in _PROPERTIES.items():
                 builder = builder.property(key, value)
             builder.execute()
-            return DeltaTable.forPath(spark, path)
+            table = DeltaTable.forPath(spark, path)
+            self._schemas[path] = {f.name: f.dataType for f in table.toDF().schema.fields}
+            return table
         table = DeltaTable.forPath(spark, path)
         existing = {f.name: f.dataType for f in table.toDF().schema.fields}
         added = [(n, t) for n, t in columns.items() if n not in existing]
@@ -174,7 +180,10 @@ class DeltaStore:
             spark.sql(f"ALTER TABLE delta.{q(path)} ALTER COLUMN {q(name)} TYPE {new.simpleString()}")
             log.info("%s: column %s widened from %s to %s", path, name, old.simpleString(), new.simpleString())
             added.append((name, new))
-        return DeltaTable.forPath(spark, path) if added else table  # a new schema needs a new handle
+        if added:
+            table = DeltaTable.forPath(spark, path)  # a new schema needs a new handle
+        self._schemas[path] = {f.name: f.dataType for f in table.toDF().schema.fields}
+        return table
 
     def _watermark(self, path: str) -> dict[int, int]:
         """Per partition, the highest offset the table holds (read once, then kept)."""

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +29,9 @@ from sinks.envelope import change_rows
 from sinks.shapes import Registry
 
 log = logging.getLogger(__name__)
+
+TABLE_THREADS = 4
+LETTER_COLUMNS = ("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_key", "_cdc_error", "_value")
 
 
 class Store(Protocol):
@@ -81,6 +85,7 @@ class SinkJob:
         self.progress = Progress.from_record(self.progress_log.last())
         self.running = False  # a batch is being applied (SIGTERM waits for it)
         self.failure: BaseException | None = None
+        self._lock = threading.Lock()  # tables are applied in parallel threads
 
     def __call__(self, records: DataFrame, batch_id: int) -> None:
         self.running = True
@@ -94,17 +99,18 @@ class SinkJob:
 
     def _batch(self, records: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        heartbeats = records.where(F.col("topic") == self.heartbeat_topic)
-        rows = change_rows(records.where(F.col("topic") != self.heartbeat_topic)).persist()
+        persisted = change_rows(records).persist()  # one read of the batch from Kafka
+        is_heartbeat = F.col("_cdc_topic") == self.heartbeat_topic
+        rows = persisted.where(~is_heartbeat)
         try:
             stats = self._stats(rows)
-            beat = heartbeats.select(
-                F.max(F.get_json_object(F.col("value").cast("string"), "$.lsn").try_cast("long"))
+            beat = persisted.where(is_heartbeat).select(
+                F.max(F.get_json_object(F.col("_value"), "$.lsn").try_cast("long"))
             ).first()
             registry = self.schemas.refresh() if stats else self.schemas.registry
             bad = [rows.where(F.col("_cdc_error").isNotNull())] if any(s["errors"] for s in stats.values()) else []
             good = rows.where(F.col("_cdc_error").isNull())
-            applied: dict[str, int] = {}
+            work = []
             for topic, stat in sorted(stats.items()):
                 if stat["low"] is None and not stat["truncates"] and stat["count"] == stat["errors"]:
                     continue  # nothing but dead letters
@@ -113,20 +119,20 @@ class SinkJob:
                     reason = f"no table version for {topic} in {topics.internal(self.prefix, topics.SCHEMAS)}"
                     bad.append(table_rows.withColumn("_cdc_error", F.lit(reason)))
                     continue
-                batch, decode_errors = self._table(registry, topic, stat, table_rows)
-                if decode_errors is not None:
-                    bad.append(decode_errors)
-                self.store.apply(batch)
-                if stat["high"] is not None:
-                    applied[topic] = stat["high"]
-            self._dead_letters(bad)
+                work.append((topic, stat, table_rows))
+            # tables in parallel: a table's writes are a chain of small Spark jobs and Delta
+            # commits, mostly waiting; several chains keep the executors busy
+            self._dead_letters(bad)  # before any store write: with on_malformed = stop nothing is applied
+            with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
+                list(pool.map(lambda w: self._apply(registry, *w), work))
+            applied = {topic: stat["high"] for topic, stat, _ in work if stat["high"] is not None}
             self._record(batch_id, applied, beat[0] if beat else None)
             log.info(
                 "batch %d: %d records of %d tables in %.1f s", batch_id, sum(s["count"] for s in stats.values()),
                 len(stats), time.monotonic() - started,
             )
         finally:
-            rows.unpersist()
+            persisted.unpersist()
 
     def _stats(self, rows: DataFrame) -> dict[str, dict[str, Any]]:
         """Per topic: record and error counts, commit LSN range, truncates, max offset per partition."""
@@ -158,20 +164,21 @@ class SinkJob:
             stat["truncates"].sort()
         return stats
 
-    def _table(
-        self, registry: Registry, topic: str, stat: dict[str, Any], rows: DataFrame
-    ) -> tuple[TableBatch, DataFrame | None]:
+    def _apply(self, registry: Registry, topic: str, stat: dict[str, Any], rows: DataFrame) -> None:
+        """Decode one table's rows, send those that do not decode away, let the store apply the rest."""
         low = stat["low"] if stat["low"] is not None else 0
         high = stat["high"] if stat["high"] is not None else low
         decoded, columns = decode_table(rows, registry, topic, low, high)
         decoded = decoded.persist()
-        errors = decoded.where(F.col("_cdc_error").isNotNull())
-        has_errors = bool(errors.take(1))
-        newest = registry.at(topic, high) or registry.versions(topic)[0]
-        batch = table_batch(
-            decoded.where(F.col("_cdc_error").isNull()), newest, columns, stat["truncates"], stat["offsets"]
-        )
-        return batch, errors if has_errors else None
+        try:
+            self._dead_letters([decoded.where(F.col("_cdc_error").isNotNull())])
+            newest = registry.at(topic, high) or registry.versions(topic)[0]
+            batch = table_batch(
+                decoded.where(F.col("_cdc_error").isNull()), newest, columns, stat["truncates"], stat["offsets"]
+            )
+            self.store.apply(batch)
+        finally:
+            decoded.unpersist()
 
     def _dead_letters(self, bad: list[DataFrame]) -> None:
         if not bad:
@@ -179,7 +186,7 @@ class SinkJob:
         letters = bad[0]
         for more in bad[1:]:
             letters = letters.unionByName(more, allowMissingColumns=True)
-        letters = letters.select("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_key", "_cdc_error", "_value")
+        letters = letters.select(*LETTER_COLUMNS)
         letters = letters.persist()
         try:
             first = letters.select("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_error").take(1)
@@ -193,7 +200,8 @@ class SinkJob:
                 )
             topics.write_dead_letters(letters, self.config.topic)
             count = letters.count()
-            self.progress.dead_letters += count
+            with self._lock:
+                self.progress.dead_letters += count
             log.warning(
                 "%d records to %s, the first %s: %s", count, topics.internal(self.prefix, topics.DLQ), where,
                 first[0][3],

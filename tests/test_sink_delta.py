@@ -308,3 +308,60 @@ def test_a_malformed_record_reaches_the_dead_letter_topic_and_the_job_goes_on(
         }),
     ]
     daemon.stop()
+
+
+# --------------------------------------------------------------------------- crashes and replays
+
+
+def _acct_state(spark: SparkSession, warehouse: Path) -> dict[int, tuple[int, str]]:
+    rows = _table(spark, warehouse, "current", "acct").select("id", "version", "note").collect()
+    return {r["id"]: (r["version"], r["note"]) for r in rows}
+
+
+def _check_exactly_once(spark: SparkSession, warehouse: Path, db: Any, servers: str, prefix: str) -> None:
+    """current = the source; changes = every record once; history = one version per change."""
+    source = {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct")}
+    assert _acct_state(spark, warehouse) == source
+    records = list(read_topic(TopicConfig(bootstrap_servers=servers), f"{prefix}.public.acct"))
+    changes = _table(spark, warehouse, "changes", "acct").select("_cdc_partition", "_cdc_offset").collect()
+    assert sorted(tuple(r) for r in changes) == sorted((r.partition, r.offset) for r in records)
+    versions = sorted(
+        (r.partition, r.offset) for r in records
+        if r.value is not None and orjson.loads(r.value)["op"] in ("r", "c", "u")
+    )
+    history = _table(spark, warehouse, "history", "acct").select("_cdc_partition", "_cdc_offset").collect()
+    assert sorted(tuple(r) for r in history) == versions
+    current = _table(spark, warehouse, "history", "acct").where("_cdc_is_current").select("id", "version").collect()
+    assert dict(tuple(r) for r in current) == {k: v[0] for k, v in source.items()}
+
+
+def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, spark: SparkSession
+) -> None:
+    from tests.support import ACCT, Writers
+
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 2000) g")
+    daemon, slot = run_daemon(["public.acct"])
+    config = _config(tmp_path, db, broker_servers, topic_prefix, spark={"max_offsets_per_trigger": 700})
+    warehouse = tmp_path / "warehouse"
+    sink = Sink(config, tmp_path / "sink.log")
+    with Writers(db.dsn, keys=3000, pause_s=0.01):
+        for kill_after_s in (25, 35, 45):  # a session start takes ~15 s: each kill lands in a batch
+            sink.start()
+            time.sleep(kill_after_s)
+            sink.kill9()
+    wait_caught_up(db.dsn, slot, daemon)
+    out = sink.once()
+    assert "0 dead letters" in out
+    batches = Path(sink.log).read_text().count("INFO sinks.job: batch ")
+    assert batches >= 3, "the kills should land after some batches were applied"
+    _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
+
+    # replay: a deleted checkpoint reads the topics from the earliest offsets again
+    import shutil
+
+    shutil.rmtree(tmp_path / "checkpoints")
+    sink.once()
+    _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
+    daemon.stop()
