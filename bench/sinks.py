@@ -29,9 +29,10 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    writer offers --fresh-rate single-row transactions/s for --fresh-seconds (half insert
    a marker row into `public.zz_fresh`, half update a random row of the backlog tables,
    so every micro-batch also MERGEs into the big tables); the client time after each
-   marker's COMMIT is its commit time. A reader child polls the store (Delta: delta-rs
-   `DeltaTable.update_incremental()` + the ids of `current/public/zz_fresh`) every
-   --poll-ms and records when each marker first appears: visible - commit, p50/p99.
+   marker's COMMIT is its commit time. A reader child polls the store (Delta: the
+   `_delta_log` of `current/public/zz_fresh` and the ids of its live files, read with
+   pyarrow, since delta-rs 1.6.6 refuses these tables) every --poll-ms and records when
+   each marker first appears: visible - commit, p50/p99.
 
 CPU of a Spark phase = that of the child's process group (the Python driver and the JVM it
 launched) over the timed window. Every process started here runs in its own process group
@@ -79,7 +80,7 @@ PUBLICATION = "bench_sinks_pub"
 SLOT = "bench_sinks"
 PREFIX = "bsink"
 PARTITIONS = 3
-FRESH_TABLE = "zz_fresh"  # the job applies tables in topic-name order: the markers' table comes last
+FRESH_TABLE = "zz_fresh"  # the markers of the freshness phase
 CHILD_MARK = "@@bench "  # a child's report lines on its stdout start with this
 
 CREATE_TABLE = """
@@ -605,11 +606,15 @@ class SinksBench(Bench):
             reader.join(30)
             if reader.is_alive():
                 reader.kill()
-            # SIGINT: the job's StopSignal lets the running batch finish, and the JVM, which
-            # pyspark starts with SIGINT ignored, stays up for it (a SIGTERM to the group
-            # would end the JVM under the running batch)
-            code = self.procs.stop(sink, signal.SIGINT, timeout=180)
-            if code not in (0, -signal.SIGINT):
+            # SIGTERM to the driver alone: the job's StopSignal lets the running batch finish.
+            # Not to the group: the JVM would die under the running batch. Not SIGINT: pyspark's
+            # SparkContext replaces the SIGINT handler (cancel every job, KeyboardInterrupt).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(sink.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sink.wait(240)
+            code = self.procs.stop(sink, signal.SIGKILL, timeout=10)  # sweeps the group (the JVM)
+            if code not in (0, -signal.SIGTERM):
                 self.log(f"warning: the sink exited with {code}; see {sink_log}")
             self.stop_daemon(daemon, daemon_log)
         text = sink_log.read_text(errors="replace")
@@ -769,10 +774,10 @@ class SinksBench(Bench):
             "`cdc sink delta --once` does after its session started); session start = the SparkSession (JVM) start "
             "before it, not counted; rows/s = table records in the topics / seconds (the read ceiling also reads the "
             "daemon's heartbeat records). Spark CPU = the child's process group (Python driver + JVM) over the query. "
-            f"Freshness: half of the transactions insert a marker into public.{FRESH_TABLE} (applied last in each "
-            "batch), half update a random backlog row; commit time = the writer's clock right after COMMIT returned "
-            f"(autocommit), visible = the reader's clock when it first found the marker in `current` (polled every "
-            f"{a.poll_ms} ms with delta-rs); [spark] trigger_interval_s = {a.trigger_interval}."
+            f"Freshness: half of the transactions insert a marker into public.{FRESH_TABLE} (a table of its own, "
+            "applied beside the others in each batch), half update a random backlog row; commit time = the writer's clock right after COMMIT returned "
+            f"(autocommit), visible = the reader's clock when it first found the marker in `current` (its Delta log "
+            f"polled every {a.poll_ms} ms: delta-rs 1.6.6 refuses these tables); [spark] trigger_interval_s = {a.trigger_interval}."
         )
         out.append("")
         out.append("Commands:")
@@ -827,7 +832,7 @@ def reader_child(conn: Any, store_name: str, config_path: str, poll_s: float) ->
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)  # delta-rs may abort at interpreter exit (ENVIRONMENT.md)
+        os._exit(0)  # pyarrow/Parquet readers may abort at interpreter exit (ENVIRONMENT.md)
 
 
 def emit(event: str, **fields: Any) -> None:
