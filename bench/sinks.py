@@ -1,0 +1,972 @@
+"""Measure the Spark sink jobs against Spark's own read ceiling, in one run on one machine.
+
+    python bench/sinks.py [--changes 1000000] [--tables 4] [--max-offsets 200000,1000000]
+                          [--stores delta] [--fresh-rate 1000] [--fresh-seconds 45]
+                          [--skip-freshness] [--driver-memory 2g] [--keep]
+
+It starts its own throwaway PostgreSQL (fsync off, synchronous_commit off) and Apache Kafka
+(cdc.local.kafka: one KRaft broker/controller on these cores), creates --tables tables
+(int key, text, numeric(12,2), timestamptz, bool, int) plus a small marker table for the
+freshness phase, a publication and a slot, and writes a backlog of N changes (60 %
+INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). Then:
+
+1. Capture: `cdc run` ([topic] client = "confluent") until the slot's confirmed_flush_lsn
+   passes the end of the writes; the daemon is stopped. The records are counted from the
+   topics' high watermarks (the sink phases must see exactly these).
+2. Read ceiling: Spark's Kafka source with the sink's own options (sinks.topics.spark_options,
+   subscription, startingOffsets earliest, maxOffsetsPerTrigger) and the available-now
+   trigger into a foreachBatch that only counts, on local[2], in a child process (one
+   SparkContext per process). Timed from the query's start to its end; the session (JVM)
+   start is reported apart.
+3. Apply, per store (--stores; issue 11 adds search and cache as further phases): the sink
+   job (sinks.job.run with the store of sinks.runner.make_store: what `cdc sink <store>
+   --once` runs) with a fresh checkpoint and a fresh store, in a child process, timed the
+   same way; then the store is checked (Delta: current/changes/history row counts).
+   Phases 2 and 3 run once per --max-offsets value; the ratio is apply / ceiling at the
+   same value.
+4. Freshness, per store: `cdc run` and `cdc sink <store>` (streaming, [spark]
+   trigger_interval_s = --trigger-interval) on the warehouse of the last apply run; a
+   writer offers --fresh-rate single-row transactions/s for --fresh-seconds (half insert
+   a marker row into `public.zz_fresh`, half update a random row of the backlog tables,
+   so every micro-batch also MERGEs into the big tables); the client time after each
+   marker's COMMIT is its commit time. A reader child polls the store (Delta: the
+   `_delta_log` of `current/public/zz_fresh` and the ids of its live files, read with
+   pyarrow, since delta-rs 1.6.6 refuses these tables) every --poll-ms and records when
+   each marker first appears: visible - commit, p50/p99.
+
+CPU of a Spark phase = that of the child's process group (the Python driver and the JVM it
+launched) over the timed window. Every process started here runs in its own process group
+and is ended on exit, Ctrl-C and SIGTERM included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import random
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from capture import (
+    PG_SETTINGS,
+    Bench,
+    BenchError,
+    CpuWindow,
+    _f,
+    drive,
+    pct,
+    recv,
+)
+
+from cdc.config import TopicConfig
+from cdc.kafka.topics import TopicAdmin
+from cdc.local.kafka import LocalKafka
+from cdc.local.postgres import LocalPostgres
+from cdc.naming import topic_name
+
+PUBLICATION = "bench_sinks_pub"
+SLOT = "bench_sinks"
+PREFIX = "bsink"
+PARTITIONS = 3
+FRESH_TABLE = "zz_fresh"  # the markers of the freshness phase
+CHILD_MARK = "@@bench "  # a child's report lines on its stdout start with this
+
+CREATE_TABLE = """
+CREATE TABLE {t} (
+    id     integer PRIMARY KEY,
+    name   text NOT NULL,
+    amount numeric(12, 2) NOT NULL,
+    at     timestamptz NOT NULL,
+    flag   boolean NOT NULL,
+    qty    integer NOT NULL
+)"""
+CREATE_FRESH = f"CREATE TABLE {FRESH_TABLE} (id integer PRIMARY KEY, note text NOT NULL, at timestamptz NOT NULL)"
+INSERT_ROWS = """
+INSERT INTO {t} (id, name, amount, at, flag, qty)
+SELECT g, substr(md5(g::text) || md5(random()::text), 1, 32), round((random() * 100000)::numeric, 2),
+       clock_timestamp(), g %% 2 = 0, g %% 1000
+FROM generate_series(%s::int, %s::int) AS g"""
+UPDATE_ROWS = """
+UPDATE {t} SET name = substr(md5(random()::text) || name, 1, 32), amount = amount + 0.01, at = clock_timestamp(),
+       flag = NOT flag, qty = qty + 1
+WHERE id = ANY(%s)"""
+UPDATE_ONE = "UPDATE {t} SET amount = amount + 0.01, at = clock_timestamp(), qty = qty + 1 WHERE id = %s"
+INSERT_MARKER = f"INSERT INTO {FRESH_TABLE} (id, note, at) VALUES (%s, 'marker', clock_timestamp())"
+KIND_LINE = re.compile(r"sinks\.delta DEBUG (\S+): ((?:\w+ [0-9.]+ s(?:, )?)+)")
+BATCH_LINE = re.compile(r"batch (\d+): (\d+) records of (\d+) tables in ([0-9.]+) s")
+
+
+def table_names(n: int) -> list[str]:
+    return [f"bench_t{i}" for i in range(n)]
+
+
+# --------------------------------------------------------------------------- stores
+
+
+class StoreBench:
+    """What the bench needs of one store: its config section, a check after the apply run
+    (in the Spark child), and a freshness reader (in a child of its own). Issue 11 adds
+    the search index and the cache as subclasses: the phases stay the same."""
+
+    name = ""
+
+    def sections(self, run_dir: Path) -> dict[str, dict[str, Any]]:
+        """The config sections the store's sink needs, its data under `run_dir`."""
+        raise NotImplementedError
+
+    def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
+        """After the apply run, in the bench: what the store holds (reported next to `expected`)."""
+        return {}
+
+    def expected(self, bench: SinksBench) -> dict[str, Any]:
+        """What `check` should find after applying the backlog."""
+        return {}
+
+    def visible(self, config_path: str) -> Any:
+        """In the reader child: a callable returning the marker ids visible now (None: nothing
+        new since the last call)."""
+        raise NotImplementedError
+
+
+class DeltaLog:
+    """A Delta table read from its own log, without Spark: delta-rs 1.6.6 refuses the sink's
+    tables (reader features columnMapping and typeWidening), so the bench follows
+    `_delta_log/<version>.json` itself: the live files (add minus remove), their row counts
+    (stats.numRecords minus deletion vectors) and, on demand, one column (by its physical
+    name under column mapping) read with pyarrow."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.version = -1
+        self.files: dict[str, dict[str, Any]] = {}
+        self.physical: dict[str, str] = {}
+
+    def update(self) -> bool:
+        """Apply the commits after the last one read; True when there were some."""
+        changed = False
+        while True:
+            commit = self.path / "_delta_log" / f"{self.version + 1:020d}.json"
+            try:
+                actions = [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
+            except (FileNotFoundError, ValueError):  # not there yet (or still being renamed into place)
+                return changed
+            for action in actions:
+                if "add" in action:
+                    self.files[action["add"]["path"]] = action["add"]
+                elif "remove" in action:
+                    self.files.pop(action["remove"]["path"], None)
+                elif "metaData" in action:
+                    schema = json.loads(action["metaData"]["schemaString"])
+                    self.physical = {
+                        f["name"]: f.get("metadata", {}).get("delta.columnMapping.physicalName", f["name"])
+                        for f in schema["fields"]
+                    }
+            self.version += 1
+            changed = True
+
+    def file_path(self, name: str) -> Path:
+        from urllib.parse import unquote, urlparse
+
+        if "://" in name:
+            return Path(unquote(urlparse(name).path))
+        return self.path / unquote(name)
+
+    def rows(self) -> int:
+        total = 0
+        for add in self.files.values():
+            stats = json.loads(add.get("stats") or "{}")
+            if "numRecords" in stats:
+                total += int(stats["numRecords"])
+            else:
+                import pyarrow.parquet as pq
+
+                total += pq.ParquetFile(self.file_path(add["path"])).metadata.num_rows
+            total -= int((add.get("deletionVector") or {}).get("cardinality", 0))
+        return total
+
+    def column(self, name: str, file: str) -> list[Any]:
+        import pyarrow.parquet as pq
+
+        if (self.files[file].get("deletionVector") or None) is not None:
+            raise BenchError(f"{self.path}: deletion vectors are not read by this bench")
+        physical = self.physical.get(name, name)
+        return pq.read_table(self.file_path(file), columns=[physical]).column(physical).to_pylist()
+
+
+class DeltaBench(StoreBench):
+    name = "delta"
+
+    def sections(self, run_dir: Path) -> dict[str, dict[str, Any]]:
+        return {"delta": {"path": str(run_dir / "warehouse")}}
+
+    def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
+        from cdc.config import load as load_config
+        from sinks.delta import KINDS, table_path
+
+        root = load_config(str(config_path)).delta.path
+        out: dict[str, Any] = {}
+        for kind in KINDS:
+            total = 0
+            for topic in topics:
+                log = DeltaLog(table_path(root, kind, topic))
+                log.update()
+                total += log.rows()
+            out[kind] = total
+        return out
+
+    def expected(self, bench: SinksBench) -> dict[str, Any]:
+        w = bench.workload
+        return {"current": w.inserts, "changes": w.inserts + w.updates, "history": w.inserts + w.updates}
+
+    def visible(self, config_path: str) -> Any:
+        from cdc.config import load as load_config
+        from sinks.delta import table_path
+
+        root = load_config(config_path).delta.path
+        log = DeltaLog(table_path(root, "current", topic_name(PREFIX, "public", FRESH_TABLE)))
+        ids_of: dict[str, list[int]] = {}  # live file -> its ids
+
+        def poll() -> tuple[list[int], float] | None:
+            if not log.update():
+                return None
+            now = time.time()  # the new version exists at least since now
+            for name in list(ids_of):
+                if name not in log.files:
+                    del ids_of[name]
+            for name in log.files:
+                if name not in ids_of:
+                    ids_of[name] = log.column("id", name)
+            return [i for ids in ids_of.values() for i in ids], now
+
+        return poll
+
+
+STORES: dict[str, type[StoreBench]] = {"delta": DeltaBench}
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class SparkRun:
+    """One Spark child: a read-ceiling or an apply run."""
+
+    phase: str
+    store: str
+    max_offsets: int
+    records: int = 0  # table records in the topics (the backlog)
+    seconds: float | None = None  # query start to end
+    session_s: float | None = None  # SparkSession (JVM) start
+    cpu_s: float | None = None  # the child's process group over the query
+    machine_busy_cores: float | None = None
+    batches: list[tuple[int, int, float]] = field(default_factory=list)  # (batch, records, seconds)
+    read: int | None = None  # records the query saw (ceiling: counted, heartbeats included)
+    kinds: dict[str, float] = field(default_factory=dict)  # Delta: seconds per written table kind, summed
+    check: dict[str, Any] = field(default_factory=dict)
+    expected: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    log_path: Path | None = None
+    command: str = ""
+
+    @property
+    def rate(self) -> float | None:
+        return self.records / self.seconds if self.seconds and not self.error else None
+
+
+@dataclass
+class Freshness:
+    store: str
+    offered_tps: int
+    seconds: float = 0.0
+    transactions: int = 0
+    markers: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+    missing: int = 0
+    startup_s: float | None = None  # sink process start until the warm-up marker was visible
+    sink_cpu_s: float | None = None
+    machine_busy_cores: float | None = None
+    batches: list[tuple[int, int, float]] = field(default_factory=list)
+    error: str = ""
+    command: str = ""
+
+    @property
+    def achieved_tps(self) -> float:
+        return self.transactions / self.seconds if self.seconds else 0.0
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+class SinksBench(Bench):
+    """bench/capture.py's Bench (process groups, services, clean-up, daemon helpers) with the
+    sink phases."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        self.tables = table_names(args.tables)
+        self.topics = [topic_name(PREFIX, "public", t) for t in self.tables]
+        self.stores = [STORES[s]() for s in args.stores]
+        self.capture: dict[str, Any] = {}
+        self.records = 0
+        self.table_records: dict[str, int] = {}
+        self.runs: list[SparkRun] = []
+        self.fresh: dict[str, Freshness] = {}
+        self.inserted: dict[str, int] = {}
+        self.last_dir: dict[str, Path] = {}  # store -> run dir of its last apply run
+        self.run_counter = 0
+
+    # -- setup ------------------------------------------------------------------------------
+    def start_services(self) -> None:
+        self.log(f"work dir {self.workdir}")
+        self.pg = LocalPostgres(self.workdir / "pg", settings=PG_SETTINGS).start()
+        self.log(f"PostgreSQL on port {self.pg.port}")
+        for table in self.tables:
+            self.sql(CREATE_TABLE.format(t=table))
+        self.sql(CREATE_FRESH)
+        names = ", ".join([*self.tables, FRESH_TABLE])
+        self.sql(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {names}")
+        self.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (SLOT,))
+        self.broker = LocalKafka(self.workdir / "kafka").start()
+        self.log(f"Apache Kafka on {self.broker.bootstrap_servers}, JVM pid {self.broker.pid}")
+
+    def config(self, name: str, store: StoreBench | None = None, **spark: Any) -> Path:
+        """`<workdir>/<name>.toml`: the daemon's settings plus, for a sink, [spark] and the store's."""
+        run_dir = self.workdir / name
+        run_dir.mkdir(exist_ok=True)
+        sections: dict[str, dict[str, Any]] = {
+            "source": {"dsn": self.dsn, "slot": SLOT, "publication": PUBLICATION,
+                       "tables": [f"public.{t}" for t in [*self.tables, FRESH_TABLE]]},
+            "topic": {"bootstrap_servers": self.servers, "prefix": PREFIX, "partitions": PARTITIONS,
+                      "client": "confluent"},
+            "snapshot": {"mode": "never"},  # the slot is made before the writes: stream it, read nothing else
+            "daemon": {"spill_dir": str(self.workdir / "spill"), "log_level": "INFO"},
+            "spark": {"master": "local[2]", "checkpoint_dir": str(run_dir / "checkpoints"), **spark},
+        }
+        if store is not None:
+            sections.update(store.sections(run_dir))
+        lines = []
+        for section, values in sections.items():
+            lines.append(f"[{section}]")
+            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]  # JSON scalars/lists are TOML
+        path = self.workdir / f"{name}.toml"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return path
+
+    def generate(self) -> None:
+        """N changes, 60 % inserts / 40 % updates, transactions of 100-1000 rows on one random table."""
+        n = self.args.changes
+        rng = random.Random(self.args.seed)
+        w = self.workload
+        inserted = self.inserted = dict.fromkeys(self.tables, 0)
+        self.log(f"writing {n:,} changes into {len(self.tables)} tables")
+        with psycopg.connect(self.dsn) as conn:
+            w.start_lsn = int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'").fetchone()[0])
+            conn.commit()
+            t0 = time.monotonic()
+            done = 0
+            while done < n:
+                table = rng.choice(self.tables)
+                size = min(rng.randint(100, 1000), n - done)
+                n_upd = min(round(size * 0.4), inserted[table])
+                n_ins = size - n_upd
+                if n_ins:
+                    conn.execute(INSERT_ROWS.format(t=table), (inserted[table] + 1, inserted[table] + n_ins))
+                if n_upd:
+                    conn.execute(UPDATE_ROWS.format(t=table), (rng.sample(range(1, inserted[table] + 1), n_upd),))
+                done += size
+                conn.commit()
+                inserted[table] += n_ins
+                w.inserts += n_ins
+                w.updates += n_upd
+                w.transactions += 1
+            w.seconds = time.monotonic() - t0
+        w.end_lsn = self.mark_end()
+        self.log(
+            f"wrote {w.inserts:,} inserts + {w.updates:,} updates in {w.transactions:,} transactions in "
+            f"{w.seconds:.1f} s; {(w.end_lsn - w.start_lsn) / 2**20:,.0f} MiB of WAL"
+        )
+
+    def count_records(self) -> dict[str, int]:
+        admin = TopicAdmin(TopicConfig(bootstrap_servers=self.servers))
+        try:
+            ends = admin.end_offsets(self.topics)
+        finally:
+            admin.close()
+        return {t: sum(ends.get(t, {}).values()) for t in self.topics}
+
+    # -- 1. capture -------------------------------------------------------------------------
+    def run_capture(self) -> None:
+        config = self.config("capture")
+        self.log(f"cdc run: capturing the backlog ({self.args.changes:,} changes)")
+        proc, log_path, startup = self.start_daemon_config(config, "capture")
+        assert self.broker is not None
+        window = CpuWindow({"daemon": proc.pid, "broker": self.broker.pid}).start()
+        t0 = time.monotonic()
+        try:
+            self.wait_confirmed(SLOT, self.workload.end_lsn, proc, log_path, timeout=max(600, self.args.changes / 100))
+            elapsed = time.monotonic() - t0
+            window.stop()
+        finally:
+            self.stop_daemon(proc, log_path)
+        self.table_records = self.count_records()
+        self.records = sum(self.table_records.values())
+        self.capture = {"seconds": elapsed, "startup_s": startup, "daemon_cpu_s": window.used.get("daemon"),
+                        "broker_cpu_s": window.used.get("broker"), "machine": window.machine_busy_cores}
+        expected = self.workload.inserts + self.workload.updates
+        note = "" if self.records == expected else f" (expected {expected:,}!)"
+        self.log(f"cdc run: {expected / elapsed:,.0f} changes/s; topics hold {self.records:,} records{note}")
+        if self.records != expected:
+            raise BenchError(f"the topics hold {self.records:,} records, expected {expected:,}")
+
+    def start_daemon_config(self, config: Path, name: str) -> tuple[subprocess.Popen, Path, float]:
+        argv = [sys.executable, "-m", "cdc", "run", "--config", str(config)]
+        self.commands.setdefault("cdc run", shlex.join(argv))
+        log_path = self.workdir / f"{name}-daemon.log"
+        with log_path.open("ab") as log:
+            t0 = time.monotonic()
+            proc = self.procs.start(f"cdc {name}", argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        deadline = time.monotonic() + 180
+        while True:
+            text = log_path.read_text(errors="replace")
+            if "streaming from" in text:
+                return proc, log_path, time.monotonic() - t0
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self.procs.stop(proc)
+                raise BenchError(f"cdc run did not start streaming; its log {log_path}:\n{text[-3000:]}")
+            time.sleep(0.02)
+
+    # -- 2./3. Spark children -----------------------------------------------------------------
+    def spark_child(self, run: SparkRun, config: Path) -> None:
+        """Run `bench/sinks.py _child <phase>` and time its query; fills `run`."""
+        argv = [sys.executable, str(Path(__file__).resolve()), "_child", run.phase, "--config", str(config),
+                "--store", run.store]
+        if self.args.driver_memory:
+            argv += ["--driver-memory", self.args.driver_memory]
+        run.command = shlex.join(argv)
+        run.log_path = config.with_suffix(".log")
+        marks: dict[str, Any] = {}
+        events: dict[str, dict[str, Any]] = {}
+        window = CpuWindow({})
+        with run.log_path.open("wb") as log:
+            proc = self.procs.start(f"spark {run.phase}", argv, stdout=subprocess.PIPE, stderr=log,
+                                    cwd=config.parent / config.stem)
+        assert proc.stdout is not None
+        timeout = self.args.spark_timeout
+        deadline = time.monotonic() + timeout
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace")
+                if not line.startswith(CHILD_MARK):
+                    continue
+                event = json.loads(line[len(CHILD_MARK):])
+                kind = event["event"]
+                if kind == "query_start":  # CPU from here, in this thread, as soon as it is said
+                    window.groups = {"spark": proc.pid}
+                    window.start()
+                elif kind == "query_end":
+                    window.stop()
+                    marks["cpu"] = window.used.get("spark")
+                    marks["machine"] = window.machine_busy_cores
+                events[kind] = event
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if proc.poll() is None:
+            run.error = f"ran over --spark-timeout {timeout:.0f} s; killed"
+            self.procs.stop(proc)
+        else:
+            self.procs.forget(proc)
+        reader.join(10)
+        end = events.get("query_end", {})
+        run.session_s = events.get("session", {}).get("seconds")
+        run.seconds = end.get("seconds")
+        run.cpu_s, run.machine_busy_cores = marks.get("cpu"), marks.get("machine")
+        run.read = end.get("read")
+        if run.phase == "apply" and not run.error and proc.returncode == 0:
+            store = STORES[run.store]()
+            run.check = store.check(config, self.topics)
+        text = run.log_path.read_text(errors="replace")
+        for _table, kinds in KIND_LINE.findall(text):
+            for kind, seconds in re.findall(r"(\w+) ([0-9.]+) s", kinds):
+                run.kinds[kind] = run.kinds.get(kind, 0.0) + float(seconds)
+        if not run.error and proc.returncode != 0:
+            error = events.get("error", {}).get("message") or f"exited with {proc.returncode}"
+            run.error = error.splitlines()[0][:300]
+        run.batches = [(int(b), int(n), float(s)) for b, n, _t, s in BATCH_LINE.findall(text)]
+        if run.error:
+            self.failed = True
+            tail = "\n".join(text.splitlines()[-20:])
+            self.log(f"{run.phase} ({run.store}, {run.max_offsets:,}) FAILED: {run.error}; log {run.log_path}:\n{tail}")
+
+    def run_ceiling(self, max_offsets: int) -> SparkRun:
+        self.run_counter += 1
+        config = self.config(f"ceiling-{self.run_counter}", None, max_offsets_per_trigger=max_offsets)
+        run = SparkRun("ceiling", "-", max_offsets, self.records)
+        self.log(f"read ceiling, maxOffsetsPerTrigger {max_offsets:,}")
+        self.spark_child(run, config)
+        self.runs.append(run)
+        if not run.error:
+            self.log(f"read ceiling: {_f(run.rate, 0)} rows/s ({run.read:,} records read in {_f(run.seconds)} s; "
+                     f"session start {_f(run.session_s)} s)")
+        return run
+
+    def run_apply(self, store: StoreBench, max_offsets: int) -> SparkRun:
+        self.run_counter += 1
+        name = f"apply-{store.name}-{self.run_counter}"
+        config = self.config(name, store, max_offsets_per_trigger=max_offsets)
+        run = SparkRun("apply", store.name, max_offsets, self.records, expected=store.expected(self))
+        self.log(f"apply ({store.name}), maxOffsetsPerTrigger {max_offsets:,}: {self.records:,} records")
+        self.spark_child(run, config)
+        self.runs.append(run)
+        self.last_dir[store.name] = config
+        if not run.error:
+            ok = "" if run.check == run.expected else f" (expected {run.expected})"
+            self.log(f"apply ({store.name}): {_f(run.rate, 0)} rows/s in {_f(run.seconds)} s, {len(run.batches)} "
+                     f"batches; store holds {run.check}{ok}")
+        return run
+
+    # -- 4. freshness ------------------------------------------------------------------------------
+    def run_freshness(self, store: StoreBench) -> None:
+        a = self.args
+        applied = self.last_dir.get(store.name)
+        name = applied.stem if applied is not None else f"fresh-{store.name}"
+        # the apply run's checkpoint and store: the sink goes on from the end of the backlog
+        config = self.config(name, store, trigger_interval_s=a.trigger_interval,
+                             max_offsets_per_trigger=a.max_offsets[0])
+        result = self.fresh[store.name] = Freshness(store.name, a.fresh_rate)
+        self.log(f"freshness ({store.name}): {a.fresh_rate:,} tx/s for {a.fresh_seconds} s")
+        daemon, daemon_log, _ = self.start_daemon_config(config, f"fresh-{store.name}")
+        argv = [sys.executable, "-m", "cdc", "sink", store.name, "--config", str(config)]
+        result.command = shlex.join(argv)
+        sink_log = self.workdir / f"fresh-{store.name}-sink.log"
+        with sink_log.open("wb") as log:
+            t_sink = time.monotonic()
+            sink = self.procs.start(f"sink {store.name}", argv, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=self.workdir / name)
+        ctx = multiprocessing.get_context("spawn")
+        parent, child_end = ctx.Pipe()
+        reader = ctx.Process(target=reader_child, args=(child_end, store.name, str(config), a.poll_ms / 1000),
+                             name=f"bench-{store.name}-reader")
+        self.procs.child(reader)
+        reader.start()
+        child_end.close()
+        commits: dict[int, float] = {}
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                for warm in range(1, 6):  # negative ids: not measured
+                    conn.execute(INSERT_MARKER, (-warm,))
+                deadline = time.monotonic() + 900
+                while not parent.poll(0.5):
+                    if sink.poll() is not None:
+                        raise BenchError(f"the sink exited with {sink.returncode}: see {sink_log}")
+                    if not reader.is_alive():
+                        raise BenchError(f"the reader exited with {reader.exitcode}")
+                    if time.monotonic() > deadline:
+                        raise BenchError(f"the warm-up markers were not visible after 900 s: see {sink_log}")
+                warm_msg = parent.recv()
+                if warm_msg.get("error"):
+                    raise BenchError(f"reader: {warm_msg['error']}")
+                result.startup_s = time.monotonic() - t_sink
+                self.log(f"freshness: sink streaming, warm-up visible {result.startup_s:.0f} s after its start")
+                time.sleep(2)
+                result.transactions, result.seconds, commits = self.paced_writes(conn, sink, result)
+            result.markers = len(commits)
+            self.log(f"freshness: offered {result.transactions:,} transactions in {result.seconds:.1f} s "
+                     f"({result.achieved_tps:,.0f}/s); waiting for the last markers")
+            parent.send({"wait_for": max(commits) if commits else 0, "timeout": a.drain_seconds})
+            done = recv(parent, reader, a.drain_seconds + 120)
+            if done.get("error"):
+                raise BenchError(f"reader: {done['error']}")
+            seen: dict[int, float] = done["seen"]
+            result.latencies_s = [seen[i] - t for i, t in commits.items() if i in seen]
+            result.missing = sum(1 for i in commits if i not in seen)
+        except BenchError as exc:
+            result.error = str(exc)
+            self.failed = True
+            self.log(f"freshness FAILED: {exc}")
+        finally:
+            with contextlib.suppress(Exception):
+                parent.send({"stop": True})
+            reader.join(30)
+            if reader.is_alive():
+                reader.kill()
+            # SIGTERM to the driver alone: the job's StopSignal lets the running batch finish.
+            # Not to the group: the JVM would die under the running batch. Not SIGINT: pyspark's
+            # SparkContext replaces the SIGINT handler (cancel every job, KeyboardInterrupt).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(sink.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sink.wait(240)
+            code = self.procs.stop(sink, signal.SIGKILL, timeout=10)  # sweeps the group (the JVM)
+            if code not in (0, -signal.SIGTERM):
+                self.log(f"warning: the sink exited with {code}; see {sink_log}")
+            self.stop_daemon(daemon, daemon_log)
+        text = sink_log.read_text(errors="replace")
+        result.batches = [(int(b), int(n), float(s)) for b, n, _t, s in BATCH_LINE.findall(text)]
+        if result.latencies_s:
+            self.log(f"freshness ({store.name}): p50 {pct(result.latencies_s, 50):.2f} s, p99 "
+                     f"{pct(result.latencies_s, 99):.2f} s over {len(result.latencies_s):,} markers, "
+                     f"{result.missing} missing")
+
+    def paced_writes(self, conn: psycopg.Connection, sink: subprocess.Popen,
+                     result: Freshness) -> tuple[int, float, dict[int, float]]:
+        """--fresh-rate single-row autocommit transactions/s; even ones insert a marker."""
+        a = self.args
+        rng = random.Random(a.seed + 1)
+        rate, total = a.fresh_rate, int(a.fresh_rate * a.fresh_seconds)
+        updates = [(UPDATE_ONE.format(t=t), self.inserted[t]) for t in self.tables if self.inserted.get(t)]
+        commits: dict[int, float] = {}
+        execute = conn.execute
+        assert self.broker is not None
+        window = CpuWindow({"sink": sink.pid}).start()
+        t0 = time.monotonic()
+        sent, marker = 0, 0
+        while sent < total:
+            due = t0 + sent / rate
+            now = time.monotonic()
+            if due > now:
+                time.sleep(due - now)
+            if sent % 2 == 0 or not updates:
+                marker += 1
+                execute(INSERT_MARKER, (marker,))
+                commits[marker] = time.time()
+            else:
+                sql, top = updates[rng.randrange(len(updates))]
+                execute(sql, (rng.randint(1, top),))
+            sent += 1
+        elapsed = time.monotonic() - t0
+        window.stop()
+        result.sink_cpu_s = window.used.get("sink")
+        result.machine_busy_cores = window.machine_busy_cores
+        return sent, elapsed, commits
+
+    # -- the whole run ----------------------------------------------------------------------------
+    def run(self) -> None:
+        self.load_before = os.getloadavg()
+        self.start_services()
+        self.generate()
+        self.run_capture()
+        for max_offsets in self.args.max_offsets:
+            self.run_ceiling(max_offsets)
+            for store in self.stores:
+                self.run_apply(store, max_offsets)
+        if not self.args.skip_freshness:
+            for store in self.stores:
+                self.run_freshness(store)
+        self.load_after = os.getloadavg()
+
+    # -- the report ---------------------------------------------------------------------------------
+    def report(self) -> str:
+        a, w = self.args, self.workload
+        after = getattr(self, "load_after", None)
+        during = f", {min(self.loads):.2f}-{max(self.loads):.2f} during" if self.loads else ""
+        out = [
+            "", "## Sink jobs vs. Spark's read ceiling", "",
+            f"Command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`, {time.strftime('%Y-%m-%d %H:%M %Z')}", "",
+            f"Backlog: {w.inserts + w.updates:,} changes ({w.inserts:,} INSERT, {w.updates:,} UPDATE) in "
+            f"{w.transactions:,} transactions over {len(self.tables)} tables (int key, text, numeric(12,2), timestamptz, "
+            f"bool, int), {(w.end_lsn - w.start_lsn) / 2**20:,.0f} MiB of WAL; {PARTITIONS} partitions per topic; "
+            f"Spark local[2]{f', driver memory {a.driver_memory}' if a.driver_memory else ''}. Machine: "
+            f"{os.cpu_count()} CPUs shared by PostgreSQL, the Kafka broker and Spark; 1-minute load average "
+            f"{self.load_before[0]:.2f} before{during}{f', {after[0]:.2f} after' if after else ''}.", "",
+            "| phase | maxOffsetsPerTrigger | records | seconds | rows/s | ratio to read ceiling | session start s | "
+            "batches (slowest s) | Spark CPU s (cores) | machine busy (cores) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        c = self.capture
+        if c:
+            out.append(
+                f"| capture: `cdc run` (confluent), backlog to acknowledged | - | {self.records:,} | {c['seconds']:.1f} | "
+                f"{self.records / c['seconds']:,.0f} | - | {c['startup_s']:.1f} (to streaming) | - | "
+                f"daemon {_f(c['daemon_cpu_s'])}, broker {_f(c['broker_cpu_s'])} | {_f(c['machine'])} |"
+            )
+        ceilings = {r.max_offsets: r for r in self.runs if r.phase == "ceiling"}
+        for r in self.runs:
+            label = "read ceiling: Kafka source -> foreachBatch count()" if r.phase == "ceiling" else \
+                f"apply: {r.store} sink job (`cdc sink {r.store} --once`'s run)"
+            ceiling = ceilings.get(r.max_offsets)
+            ratio = "-"
+            if r.phase == "apply" and r.rate and ceiling is not None and ceiling.rate:
+                ratio = f"**{r.rate / ceiling.rate:.2f}**"
+            if r.error:
+                done = sum(n for _b, n, _s in r.batches)
+                partial = f"; {done:,} records applied in {len(r.batches)} finished batches" if r.batches else ""
+                out.append(f"| {label} | {r.max_offsets:,} | {r.records:,} | **FAILED**: {r.error}{partial} | | | | | | |")
+                continue
+            slowest = max((s for _b, _n, s in r.batches), default=None)
+            batches = f"{len(r.batches)} ({_f(slowest)})" if r.batches else "-"
+            cores = f"{_f(r.cpu_s)} ({r.cpu_s / r.seconds:.2f})" if r.cpu_s and r.seconds else "-"
+            out.append(
+                f"| {label} | {r.max_offsets:,} | {r.records:,} | {_f(r.seconds)} | {_f(r.rate, 0)} | {ratio} | "
+                f"{_f(r.session_s)} | {batches} | {cores} | {_f(r.machine_busy_cores)} |"
+            )
+        for f in self.fresh.values():
+            lat = f.latencies_s
+            if f.error and not lat:
+                out.append(f"| freshness: {f.store} | | | **FAILED**: {f.error[:300]} | | | | | | |")
+                continue
+            cores = f"{_f(f.sink_cpu_s)} ({f.sink_cpu_s / f.seconds:.2f})" if f.sink_cpu_s and f.seconds else "-"
+            slowest = max((s for _b, _n, s in f.batches), default=None)
+            out.append(
+                f"| freshness: {f.store}, {f.offered_tps:,} tx/s offered ({f.achieved_tps:,.0f} achieved) | "
+                f"{a.max_offsets[0]:,} | {f.transactions:,} tx | {f.seconds:.1f} | - | - | {_f(f.startup_s)} (to first "
+                f"visible) | {len(f.batches)} ({_f(slowest)}) | {cores} | {_f(f.machine_busy_cores)} |"
+            )
+        out.append("")
+        out.append("| measure | measured | target |")
+        out.append("|---|---:|---|")
+        for r in self.runs:
+            if r.phase != "apply" or not r.rate:
+                continue
+            ceiling = ceilings.get(r.max_offsets)
+            if ceiling is None or not ceiling.rate:
+                continue
+            ratio = r.rate / ceiling.rate
+            out.append(f"| {r.store} apply / read ceiling, maxOffsetsPerTrigger {r.max_offsets:,} | {ratio:.2f} "
+                       f"({r.rate:,.0f} / {ceiling.rate:,.0f} rows/s) | >= 0.5 ({'met' if ratio >= 0.5 else '**missed**'}) |")
+        for f in self.fresh.values():
+            if not f.latencies_s:
+                continue
+            p99 = pct(f.latencies_s, 99)
+            out.append(
+                f"| {f.store} commit-to-visible p50 / p99 / max, {len(f.latencies_s):,} markers"
+                f"{f', {f.missing} never seen' if f.missing else ''} | {pct(f.latencies_s, 50):.2f} / {p99:.2f} / "
+                f"{max(f.latencies_s):.2f} s | p99 < 10 s ({'met' if p99 < 10 and not f.missing else '**missed**'}) |"
+            )
+        out.append("")
+        for r in self.runs:
+            if r.kinds:
+                out.append(
+                    f"{r.store} apply at {r.max_offsets:,}: per batch "
+                    + ", ".join(f"{b}: {n:,} records in {sec:.1f} s" for b, n, sec in r.batches)
+                    + "; summed over tables and batches: "
+                    + ", ".join(f"{kind} {sec:.1f} s" for kind, sec in r.kinds.items())
+                    + " (the rest of a batch: decoding, statistics, progress)."
+                )
+                out.append("")
+        checks = [r for r in self.runs if r.phase == "apply" and not r.error]
+        if checks:
+            out.append("Store contents after each apply run (expected): " + "; ".join(
+                f"{r.store}/{r.max_offsets:,}: " + ", ".join(
+                    f"{k} {v:,}" + ("" if r.expected.get(k) == v else f" (**expected {r.expected.get(k, '?'):,}**)")
+                    for k, v in r.check.items())
+                for r in checks
+            ) + ".")
+            out.append("")
+        out.append(
+            "seconds = the query's start to its end (apply: sinks.job.run with the available-now trigger, so what "
+            "`cdc sink delta --once` does after its session started); session start = the SparkSession (JVM) start "
+            "before it, not counted; rows/s = table records in the topics / seconds (the read ceiling also reads the "
+            "daemon's heartbeat records). Spark CPU = the child's process group (Python driver + JVM) over the query. "
+            f"Freshness: half of the transactions insert a marker into public.{FRESH_TABLE} (a table of its own, "
+            "applied beside the others in each batch), half update a random backlog row; commit time = the writer's clock right after COMMIT returned "
+            f"(autocommit), visible = the reader's clock when it first found the marker in `current` (its Delta log "
+            f"polled every {a.poll_ms} ms: delta-rs 1.6.6 refuses these tables); [spark] trigger_interval_s = {a.trigger_interval}."
+        )
+        out.append("")
+        out.append("Commands:")
+        for key, command in self.commands.items():
+            out.append(f"- {key}: `{command}`")
+        shown = set()
+        for r in self.runs:
+            if r.phase not in shown:
+                shown.add(r.phase)
+                out.append(f"- {r.phase} (child): `{r.command}`")
+        for f in self.fresh.values():
+            out.append(f"- streaming sink ({f.store}): `{f.command}`")
+        return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- children
+
+
+def reader_child(conn: Any, store_name: str, config_path: str, poll_s: float) -> None:
+    """Poll the store; report the first warm-up sighting, then every marker's first-seen time."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    seen: dict[int, float] = {}
+    try:
+        poll = STORES[store_name]().visible(config_path)
+        warm = False
+        wait_for, deadline = None, None
+        while True:
+            if conn.poll(0):
+                msg = conn.recv()
+                if msg.get("stop"):
+                    break
+                wait_for = msg["wait_for"]
+                deadline = time.monotonic() + msg["timeout"]
+            got = poll()
+            if got is not None:
+                ids, now = got
+                for i in ids:
+                    if i not in seen:
+                        seen[i] = now
+                if not warm and any(i < 0 for i in ids):
+                    warm = True
+                    conn.send({"warm": now})
+            if wait_for is not None and deadline is not None:
+                positives = sum(1 for i in seen if i > 0)
+                if positives >= wait_for or time.monotonic() > deadline:
+                    conn.send({"seen": {i: t for i, t in seen.items() if i > 0}})
+                    wait_for = deadline = None
+            time.sleep(poll_s)
+    except Exception as exc:  # noqa: BLE001 - sent to the parent
+        with contextlib.suppress(Exception):
+            conn.send({"error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # pyarrow/Parquet readers may abort at interpreter exit (ENVIRONMENT.md)
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(CHILD_MARK + json.dumps({"event": event, **fields}), flush=True)
+
+
+def child_main(argv: list[str]) -> int:
+    """`bench/sinks.py _child ceiling|apply --config F --store S`: one Spark session, one query."""
+    import logging
+
+    parser = argparse.ArgumentParser(prog="bench/sinks.py _child")
+    parser.add_argument("phase", choices=("ceiling", "apply"))
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--store", default="delta")
+    parser.add_argument("--driver-memory")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("sinks.delta").setLevel(logging.DEBUG)  # seconds per table kind and batch
+    try:
+        from cdc.config import load as load_config
+        from sinks import topics
+        from sinks.job import ensure_topics, run
+        from sinks.runner import checkpoint, make_store
+        from sinks.spark import build_session
+
+        config = load_config(args.config)
+        conf = {"spark.driver.memory": args.driver_memory} if args.driver_memory else None
+        if args.phase == "apply":
+            ensure_topics(config)
+        t0 = time.monotonic()
+        spark = build_session(f"bench-sinks-{args.phase}", master=config.spark.master, conf=conf)
+        spark.range(1).count()  # the executors are up before the clock starts
+        emit("session", seconds=time.monotonic() - t0)
+        if args.phase == "ceiling":
+            counts: list[int] = []
+
+            def count(df: Any, batch_id: int) -> None:
+                started = time.monotonic()
+                n = df.count()
+                counts.append(n)
+                logging.getLogger("bench").info(
+                    "batch %d: %d records of %d tables in %.1f s", batch_id, n, 0, time.monotonic() - started
+                )
+
+            query = (
+                spark.readStream.format("kafka")
+                .options(**topics.spark_options(config.topic))
+                .option("subscribePattern", topics.subscription(config.topic.prefix))
+                .option("startingOffsets", "earliest")
+                .option("maxOffsetsPerTrigger", str(config.spark.max_offsets_per_trigger))
+                .option("failOnDataLoss", "false")
+                .load()
+                .writeStream.foreachBatch(count)
+                .option("checkpointLocation", checkpoint(config, "ceiling"))
+                .trigger(availableNow=True)
+            )
+            emit("query_start")
+            t1 = time.monotonic()
+            started = query.start()
+            started.awaitTermination()
+            seconds = time.monotonic() - t1
+            emit("query_end", seconds=seconds, read=sum(counts))
+            if started.exception() is not None:
+                raise RuntimeError(str(started.exception()))
+        else:
+            store_name = args.store
+            store = make_store(store_name, spark, config)
+            emit("query_start")
+            t1 = time.monotonic()
+            progress = run(spark, config, store, checkpoint(config, store_name), True)
+            seconds = time.monotonic() - t1
+            emit("query_end", seconds=seconds, batches=progress.batches, read=None)
+        spark.stop()
+        return 0
+    except BaseException as exc:
+        emit("error", message=f"{type(exc).__name__}: {exc}")
+        raise
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--changes", type=int, default=1_000_000, help="backlog of changes (default 1000000)")
+    parser.add_argument("--tables", type=int, default=4, help="backlog tables (default 4)")
+    parser.add_argument("--max-offsets", default="200000,1000000",
+                        help="comma-separated [spark] max_offsets_per_trigger values: a ceiling and an apply run each")
+    parser.add_argument("--stores", default="delta", help=f"comma-separated stores: {', '.join(STORES)}")
+    parser.add_argument("--driver-memory", help="spark.driver.memory of the ceiling and apply runs (default Spark's 1g)")
+    parser.add_argument("--spark-timeout", type=float, default=3600,
+                        help="a ceiling or apply child running longer is killed and reported (default 3600 s)")
+    parser.add_argument("--skip-freshness", action="store_true", help="skip the freshness phase")
+    parser.add_argument("--fresh-rate", type=int, default=1000, help="offered transactions/s (default 1000)")
+    parser.add_argument("--fresh-seconds", type=float, default=45, help="length of the freshness load (default 45)")
+    parser.add_argument("--trigger-interval", type=float, default=0.5, help="[spark] trigger_interval_s while streaming")
+    parser.add_argument("--poll-ms", type=int, default=100, help="the freshness reader's polling period")
+    parser.add_argument("--drain-seconds", type=float, default=300, help="wait this long for the last markers")
+    parser.add_argument("--seed", type=int, default=42, help="seed of the workload generator")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs)")
+    args = parser.parse_args(argv)
+    try:
+        args.max_offsets = [int(v) for v in args.max_offsets.split(",") if v.strip()]
+    except ValueError:
+        parser.error("--max-offsets takes comma-separated integers")
+    if not args.max_offsets or min(args.max_offsets) < 1:
+        parser.error("--max-offsets values must be positive")
+    args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    unknown = [s for s in args.stores if s not in STORES]
+    if unknown or not args.stores:
+        parser.error(f"--stores: choose from {', '.join(STORES)}")
+    if args.changes < 1 or args.tables < 1:
+        parser.error("--changes and --tables must be positive")
+    args.clients, args.profile, args.rows = ["confluent"], None, args.changes  # what Bench (capture.py) reads
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_child"]:
+        return child_main(argv[1:])
+    bench = SinksBench(parse_args(argv))
+    if not drive(bench, lambda: bool(self_results(bench))):
+        return 130
+    return 1 if bench.failed else 0
+
+
+def self_results(bench: SinksBench) -> bool:
+    return bool(bench.capture or bench.runs or bench.fresh)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # a Spark child's Python or delta-rs may abort at interpreter exit (ENVIRONMENT.md)
