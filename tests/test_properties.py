@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import math
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,6 @@ from cdc.naming import (
     parse_table_pattern,
     parse_topic_name,
     topic_name,
-    validate_prefix,
 )
 from cdc.source.pgoutput import (
     UNCHANGED,
@@ -77,7 +77,7 @@ prefixes = st.from_regex(r"[A-Za-z0-9._-]{1,20}", fullmatch=True).filter(lambda 
 @given(prefixes, names, names)
 def test_topic_name_round_trips_to_the_table(prefix: str, schema: str, table: str) -> None:
     topic = topic_name(prefix, schema, table)
-    assert validate_prefix(topic) == topic  # only Kafka's alphabet
+    assert re.fullmatch(r"[A-Za-z0-9._-]+", topic)  # only Kafka's alphabet (a topic may be longer than a prefix)
     assert parse_topic_name(topic) == (prefix, schema, table)
 
 
