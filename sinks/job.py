@@ -99,10 +99,8 @@ class SinkJob:
 
     def _batch(self, records: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        # One read of the batch from Kafka, and a plan cut short: every later job of the batch
-        # plans over these stored rows instead of the whole decoding expression again
-        # (Catalyst's analysis of that plan, repeated in each of a batch's many jobs, was
-        # most of a small batch's time).
+        # One read of the batch from Kafka, stored with its plan cut short: the batch's later
+        # jobs neither read Kafka again nor plan the envelope decoding again
         persisted = change_rows(records).localCheckpoint(eager=True)
         rows = persisted.where(F.col("_cdc_topic") != self.heartbeat_topic)
         try:
@@ -121,9 +119,9 @@ class SinkJob:
                     bad.append(table_rows.withColumn("_cdc_error", F.lit(reason)))
                     continue
                 work.append((topic, stat, table_rows))
+            self._dead_letters(bad)  # before any store write: with on_malformed = stop nothing is applied
             # tables in parallel: a table's writes are a chain of small Spark jobs and Delta
             # commits, mostly waiting; several chains keep the executors busy
-            self._dead_letters(bad)  # before any store write: with on_malformed = stop nothing is applied
             with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
                 list(pool.map(lambda w: self._apply(registry, *w), work))
             applied = {topic: stat["high"] for topic, stat, _ in work if stat["high"] is not None}
