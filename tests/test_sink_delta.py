@@ -118,11 +118,12 @@ class Sink:
         self.config, self.log = config, log
         self.proc: subprocess.Popen | None = None
 
-    def once(self, exit_code: int = 0) -> str:
+    def once(self, exit_code: int = 0, env: dict[str, str] | None = None) -> str:
         """`--once` to the end; its stdout (its stderr when it is to fail)."""
         done = subprocess.run(
             [sys.executable, "-m", "cdc", "sink", "delta", "--once", "--config", str(self.config)],
             capture_output=True, text=True, timeout=SINK_TIMEOUT_S, cwd=self.config.parent,
+            env={**os.environ, **(env or {})},
         )
         with open(self.log, "a", encoding="utf-8") as out:
             out.write(done.stdout + done.stderr)
@@ -415,7 +416,7 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
     def batches() -> int:
         return Path(sink.log).read_text().count("INFO sinks.job: batch ") if Path(sink.log).exists() else 0
 
-    with Writers(db.dsn, keys=3000, pause_s=0.01):
+    with Writers(db.dsn, keys=3000, pause_s=0.05):
         for delay_s in (0.5, 2.0, 4.0):
             # kill -9 in the batch after one that completed: mid-way through its Delta commits
             before = batches()
@@ -429,13 +430,14 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
         wait_for(lambda: batches() > before, SINK_TIMEOUT_S, "a batch")
         assert sink.stop() == 0
     wait_caught_up(db.dsn, slot, daemon)
-    out = sink.once()
+    big_batches = {"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"}  # the small ones were for the kills
+    out = sink.once(env=big_batches)
     assert "0 dead letters" in out
     _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
 
     # replay: a deleted checkpoint reads the topics from the earliest offsets again
     shutil.rmtree(tmp_path / "checkpoints")
-    sink.once()
+    sink.once(env=big_batches)
     _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
     daemon.stop()
 
