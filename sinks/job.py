@@ -44,6 +44,10 @@ class SinkStopped(Exception):
     """The job stopped on purpose: a record it must not skip, or a change the store cannot take."""
 
 
+class _StopRequested(Exception):
+    """Raised by a batch that starts after SIGTERM: it is read again next time, uncommitted."""
+
+
 @dataclass
 class Progress:
     """How far a job got, in source terms (see `cdc status`)."""
@@ -74,8 +78,11 @@ class Progress:
 class SinkJob:
     """The batch function of one job and its state between batches."""
 
-    def __init__(self, spark: SparkSession, config: Config, store: Store) -> None:
+    def __init__(
+        self, spark: SparkSession, config: Config, store: Store, stop_requested: Callable[[], bool] = lambda: False
+    ) -> None:
         self.spark = spark
+        self.stop_requested = stop_requested
         self.config = config
         self.store = store
         self.prefix = config.topic.prefix
@@ -88,6 +95,9 @@ class SinkJob:
         self._lock = threading.Lock()  # tables are applied in parallel threads
 
     def __call__(self, records: DataFrame, batch_id: int) -> None:
+        if self.stop_requested():  # batches follow each other at once: the stop must come from here
+            self.failure = _StopRequested()
+            raise self.failure
         self.running = True
         try:
             self._batch(records, batch_id)
@@ -251,7 +261,7 @@ def run(
 
     A failed batch fails the query: the error is raised here, and the caller may start
     the job again from the same checkpoint (nothing after the last good batch is lost)."""
-    job = SinkJob(spark, config, store)
+    job = SinkJob(spark, config, store, stop_requested)
     reader = (
         spark.readStream.format("kafka")
         .options(**topics.spark_options(config.topic))
@@ -272,14 +282,12 @@ def run(
     try:
         while query.isActive:
             if stop_requested() and not job.running:
-                # a batch that starts in between is cancelled, uncommitted: read again next time
+                # a batch that starts in between stops itself (_StopRequested), uncommitted
                 stopped = True
                 query.stop()
                 break
-            try:
-                query.awaitTermination(1)
-            except Exception:  # the query failed: what failed is in job.failure (ours) or below
-                break
+            time.sleep(0.2)
+        stopped = stopped or isinstance(job.failure, _StopRequested)
         if job.failure is not None and not stopped:
             raise job.failure
         if query.exception() is not None and not stopped:
