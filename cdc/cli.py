@@ -232,7 +232,7 @@ def show_config(config: Config, table: bool) -> None:
 @click.option("--once", is_flag=True, help="Apply what the topics hold now, then exit 0 (Spark's available-now trigger).")
 @click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
 @click.option("--print-submit", is_flag=True,
-              help="Print the spark-submit line for [spark] master (the code archive goes to ./cdc-sinks.zip); run nothing.")
+              help="Print the spark-submit line for [spark] master (its code archive and launcher go to ./); run nothing.")
 @_with_config
 def sink(config: Config, store: str, once: bool, in_driver: bool, print_submit: bool) -> None:
     """Run a Spark sink job: STORE is `delta` (the warehouse under [delta] path).

@@ -97,16 +97,26 @@ def code_archive(folder: str) -> Path:
     return archive
 
 
+_LAUNCHER = '''"""spark-submit's entry point: the `cdc` command, as the cluster job's driver."""
+from cdc.cli import main
+
+main()
+'''
+
+
 def submit(config: Config, store_name: str, config_path: str | None, once: bool, workdir: str) -> list[str]:
-    """The spark-submit argv that runs this very command as the cluster's driver (client mode)."""
+    """The spark-submit argv that runs this very command as the cluster's driver (client mode).
+
+    The application file is a launcher written to `workdir`: spark-submit puts the file's
+    folder first on sys.path, and cdc/ or sinks/ there would shadow kafka-python and delta."""
+    launcher = Path(workdir) / "cdc_sink_driver.py"
+    launcher.write_text(_LAUNCHER)
     args = ["sink", store_name, "--in-driver"]
     if config_path:
         args += ["--config", os.path.abspath(config_path)]
     if once:
         args.append("--once")
-    argv = submit_command(
-        ROOT / "cdc" / "__main__.py", args, app_name=f"cdc-sink-{store_name}", master=config.spark.master,
-    )
+    argv = submit_command(launcher, args, app_name=f"cdc-sink-{store_name}", master=config.spark.master)
     at = argv.index("--master")
     return [*argv[:at], "--py-files", str(code_archive(workdir)), *argv[at:]]
 
