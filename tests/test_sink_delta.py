@@ -539,23 +539,30 @@ def test_correct_over_compaction_gaps_and_dropped_tombstones(
     changes = _table(spark, warehouse, "changes", "acct").select("_cdc_partition", "_cdc_offset").collect()
     assert sorted(tuple(r) for r in changes) == sorted(set(tuple(r) for r in changes))
 
-    # tombstones dropped after delete.retention.ms: a new warehouse from what is left
+    # tombstones dropped after delete.retention.ms. The cleaner stamps a tombstone's delete
+    # horizon when it first cleans it (KIP-534): those above keep their hour, so delete
+    # more rows now that the topic keeps tombstones for two seconds.
     # AlterConfigs replaces a topic's whole dynamic config: give all of it again
-    eager = {**EAGER_COMPACTION, "delete.retention.ms": "2000"}
-    admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=eager)])
+    admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=EAGER_COMPACTION)])
     admin.close()
+    stale = {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct WHERE id BETWEEN 20 AND 29")}
+    db.execute("DELETE FROM public.acct WHERE id BETWEEN 20 AND 29")
+    dropped = {orjson.dumps({"id": i}) for i in stale}
 
     def tombstones_gone() -> bool:
         db.execute("UPDATE public.acct SET version = version + 1 WHERE id >= 50")
         wait_caught_up(db.dsn, slot, daemon)
-        return not deleted & Counter(r.key for r in records()).keys()
+        return not dropped & Counter(r.key for r in records()).keys()
 
     wait_for(tombstones_gone, 300, "the log cleaner to drop the tombstones", poll=1.5)
+    # a new warehouse from what is left equals the source
     (tmp_path / "fresh").mkdir()
     fresh = _config(tmp_path / "fresh", db, servers, topic_prefix)
     Sink(fresh, tmp_path / "fresh" / "sink.log").once()
-    sink.once()  # and the first job goes on
     source = {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct")}
     assert _acct_state(spark, tmp_path / "fresh" / "warehouse") == source
-    assert _acct_state(spark, warehouse) == source
+    # the first job goes on over the gaps, but was away longer than delete.retention.ms:
+    # it never sees those deletes, as the README says
+    sink.once()
+    assert _acct_state(spark, warehouse) == {**source, **stale}
     assert daemon.stop() == 0
