@@ -850,7 +850,8 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--driver-memory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("sinks.delta").setLevel(logging.DEBUG)  # seconds per table kind and batch
+    for name in ("sinks.delta", "sinks.job"):
+        logging.getLogger(name).setLevel(logging.DEBUG)  # seconds per table kind and batch
     try:
         from cdc.config import load as load_config
         from sinks import topics
@@ -878,13 +879,7 @@ def child_main(argv: list[str]) -> int:
                 )
 
             query = (
-                spark.readStream.format("kafka")
-                .options(**topics.spark_options(config.topic))
-                .option("subscribePattern", topics.subscription(config.topic.prefix))
-                .option("startingOffsets", "earliest")
-                .option("maxOffsetsPerTrigger", str(config.spark.max_offsets_per_trigger))
-                .option("failOnDataLoss", "false")
-                .load()
+                topics.read_stream(spark, config.topic, config.spark.max_offsets_per_trigger)
                 .writeStream.foreachBatch(count)
                 .option("checkpointLocation", checkpoint(config, "ceiling"))
                 .trigger(availableNow=True)

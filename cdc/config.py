@@ -155,6 +155,29 @@ def _check_master(where: str, value: str) -> None:
         )
 
 
+def _url_secrets(value: str) -> list[str]:
+    """The password of a `redis://user:password@host` URL, as written and decoded."""
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        password = urlsplit(value).password
+    except ValueError:
+        return []
+    return [password, unquote(password)] if password else []
+
+
+def _check_cache_url(where: str, value: str) -> None:
+    from urllib.parse import urlsplit
+
+    try:
+        url = urlsplit(value)
+        url.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError as exc:
+        raise ConfigError(f"{where} is not a Redis URL ({exc}): use redis://host:port/db or rediss:// for TLS") from None
+    if url.scheme not in ("redis", "rediss", "unix") or not (url.hostname or url.path):
+        raise ConfigError(f"{where} is not a Redis URL: use redis://host:port/db or rediss:// for TLS")
+
+
 def _check_host(where: str, value: str) -> None:
     _not_blank(where, value, "set it to the address to bind, e.g. 127.0.0.1")
 
@@ -349,6 +372,26 @@ class DeltaConfig:
     )
 
 
+@dataclass
+class CacheConfig:
+    """`[cache]`: the Redis cache (`cdc sink cache`)."""
+
+    url: str = opt(
+        "redis://127.0.0.1:6379/0", "`redis://[user:password@]host:port/db`, `rediss://` for TLS; a password "
+        "in it never reaches any output line", secret=_url_secrets, check=_check_cache_url,
+    )
+    password: str = opt("", "Redis password (AUTH), if not in the URL; never in any output", optional=True,
+                        secret=True)
+    tls_cafile: str = opt("", "with `rediss://`: CA certificates (PEM) to verify the server", optional=True)
+    marker_ttl_s: int = opt(
+        7 * 86400, "how long a delete marker (a deleted row's position) lives: longer than any replay "
+        "(a checkpoint deleted, a job stopped) may take to reach the delete", low=1,
+    )
+    row_ttl_s: int = opt(
+        0, "rows expire after this long without a write (`0`: never); at least marker_ttl_s", low=0,
+    )
+
+
 SNAPSHOT_MODES = ("initial", "never", "initial_only", "when_needed")
 
 
@@ -361,6 +404,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     delta: DeltaConfig = field(default_factory=DeltaConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
 
     def validate(self) -> Config:
         """Rules between settings (each value was checked on its own when read)."""
@@ -396,6 +440,12 @@ class Config:
                         f"[topic] {key} is set but security_protocol = {topic.security_protocol} never uses TLS: "
                         "set security_protocol = SSL (or SASL_SSL), or remove it"
                     )
+        cache = self.cache
+        if cache.row_ttl_s and cache.row_ttl_s < cache.marker_ttl_s:
+            raise ConfigError(
+                f"[cache] row_ttl_s = {cache.row_ttl_s} is shorter than marker_ttl_s = {cache.marker_ttl_s}: a row "
+                "would expire before a replayed delete is guarded; raise row_ttl_s (or 0: never)"
+            )
         if bool(topic.ssl_certfile) != bool(topic.ssl_keyfile):
             raise ConfigError(
                 "[topic] ssl_certfile and ssl_keyfile go together (a client certificate needs its key): set both or neither"

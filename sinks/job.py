@@ -112,9 +112,12 @@ class SinkJob:
         # One read of the batch from Kafka, stored with its plan cut short: the batch's later
         # jobs neither read Kafka again nor plan the envelope decoding again
         persisted = change_rows(records).localCheckpoint(eager=True)
+        read = time.monotonic()
         rows = persisted.where(F.col("_cdc_topic") != self.heartbeat_topic)
         try:
             stats = self._stats(persisted)
+            log.debug("batch %d: read and parsed in %.1f s, statistics in %.1f s", batch_id, read - started,
+                      time.monotonic() - read)
             beat = stats.pop(self.heartbeat_topic, {}).get("beat")
             registry = self.schemas.refresh() if stats else self.schemas.registry
             bad = [rows.where(F.col("_cdc_error").isNotNull())] if any(s["errors"] for s in stats.values()) else []
@@ -184,10 +187,12 @@ class SinkJob:
         """Decode one table's rows, send those that do not decode away, let the store apply the rest."""
         low = stat["low"] if stat["low"] is not None else 0
         high = stat["high"] if stat["high"] is not None else low
+        started = time.monotonic()
         decoded, columns = decode_table(rows, registry, topic, low, high)
         decoded = decoded.localCheckpoint(eager=True)  # stored, and the typed plan cut short
         try:
             self._dead_letters([decoded.where(F.col("_cdc_error").isNotNull())])
+            log.debug("%s: decoded in %.1f s", topic, time.monotonic() - started)
             newest = registry.at(topic, high) or registry.versions(topic)[0]
             batch = table_batch(
                 decoded.where(F.col("_cdc_error").isNull()), newest, columns, stat["truncates"], stat["offsets"]
@@ -262,16 +267,7 @@ def run(
     A failed batch fails the query: the error is raised here, and the caller may start
     the job again from the same checkpoint (nothing after the last good batch is lost)."""
     job = SinkJob(spark, config, store, stop_requested)
-    reader = (
-        spark.readStream.format("kafka")
-        .options(**topics.spark_options(config.topic))
-        .option("subscribePattern", topics.subscription(config.topic.prefix))
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(config.spark.max_offsets_per_trigger))
-        # compaction leaves offset gaps and log cleaning moves the start: both are expected
-        .option("failOnDataLoss", "false")
-        .load()
-    )
+    reader = topics.read_stream(spark, config.topic, config.spark.max_offsets_per_trigger)
     writer = reader.writeStream.foreachBatch(job).option("checkpointLocation", checkpoint)
     if once:
         writer = writer.trigger(availableNow=True)

@@ -17,13 +17,15 @@ import time
 import zipfile
 from pathlib import Path
 
+from pyspark.sql import SparkSession
+
 from cdc.config import Config, ConfigError
 from sinks.job import Progress, SinkStopped, StopSignal, Store, TypeConflict, ensure_topics, run
 from sinks.spark import build_session, spark_environment, submit_command
 
 log = logging.getLogger(__name__)
 
-STORES = ("delta",)
+STORES = ("delta", "cache")
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cdc", "compaction", "sinks")  # what a sink job imports (never the capture side's C extension)
 ONCE_ATTEMPTS = 3
@@ -42,8 +44,13 @@ def check_store(config: Config, store: str) -> None:
 
 
 def check(config: Config, store: str) -> None:
-    """Everything a job needs that can be checked before Spark starts: settings, the master."""
+    """Everything a job needs that can be checked before Spark starts: settings, the store,
+    the master."""
     check_store(config, store)
+    if store == "cache":
+        from sinks.cache import check_reachable
+
+        check_reachable(config.cache)
     master = config.spark.master
     if master.startswith("spark://"):
         host, _, port = master.removeprefix("spark://").rpartition(":")
@@ -55,10 +62,14 @@ def check(config: Config, store: str) -> None:
             ) from None
 
 
-def make_store(name: str, spark: object, config: Config) -> Store:
+def make_store(name: str, spark: SparkSession, config: Config) -> Store:
+    if name == "cache":
+        from sinks.cache import CacheStore
+
+        return CacheStore(spark, config.cache)
     from sinks.delta import DeltaStore
 
-    return DeltaStore(spark, config.delta.path)  # type: ignore[arg-type]
+    return DeltaStore(spark, config.delta.path)
 
 
 def run_here(config: Config, store_name: str, once: bool, stop: StopSignal) -> Progress:

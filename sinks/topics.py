@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.config import TopicConfig
@@ -66,6 +66,21 @@ def spark_options(config: TopicConfig) -> dict[str, str]:
         out["kafka.ssl.keystore.certificate.chain"] = Path(config.ssl_certfile).read_text()
         out["kafka.ssl.keystore.key"] = Path(config.ssl_keyfile).read_text()
     return out
+
+
+def read_stream(spark: SparkSession, config: TopicConfig, max_offsets_per_trigger: int) -> DataFrame:
+    """The captured topics as Spark's Kafka source streams them, from the earliest offsets
+    on a new checkpoint. Compaction leaves offset gaps and log cleaning moves a topic's
+    start: both are expected, so neither fails the query."""
+    return (
+        spark.readStream.format("kafka")
+        .options(**spark_options(config))
+        .option("subscribePattern", subscription(config.prefix))
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+        .option("failOnDataLoss", "false")
+        .load()
+    )
 
 
 def _consumer(config: TopicConfig) -> Any:

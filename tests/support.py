@@ -288,3 +288,48 @@ def peak_rss_mb(pid: int) -> float:
             continue
         total += sum(int(line.split()[1]) / 1024 for line in lines if line.startswith("VmHWM:"))
     return total
+
+
+SINK_TIMEOUT_S = 900
+
+
+class Sink:
+    """`cdc sink <store>` for one test's config: `--once` runs, or a streaming process."""
+
+    def __init__(self, config: Path, log: Path, store: str = "delta") -> None:
+        self.config, self.log, self.store = config, log, store
+        self.proc: subprocess.Popen | None = None
+
+    def once(self, exit_code: int = 0, env: dict[str, str] | None = None) -> str:
+        """`--once` to the end; its stdout (its stderr when it is to fail)."""
+        done = subprocess.run(
+            [sys.executable, "-m", "cdc", "sink", self.store, "--once", "--config", str(self.config)],
+            capture_output=True, text=True, timeout=SINK_TIMEOUT_S, cwd=self.config.parent,
+            env={**os.environ, **(env or {})},
+        )
+        with open(self.log, "a", encoding="utf-8") as out:
+            out.write(done.stdout + done.stderr)
+        assert done.returncode == exit_code, done.stdout + done.stderr[-4000:]
+        return done.stdout if exit_code == 0 else done.stderr
+
+    def start(self) -> None:
+        self._out = open(self.log, "a", encoding="utf-8")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cdc", "sink", self.store, "--config", str(self.config)],
+            stdout=self._out, stderr=subprocess.STDOUT, cwd=self.config.parent, start_new_session=True,
+        )
+
+    def stop(self, timeout: float = 300) -> int:
+        """SIGTERM to the command (not its JVM): it lets the running batch finish, then exits."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._out.close()
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)  # the driver and its JVM
+        self.proc.wait(30)
+        self._out.close()

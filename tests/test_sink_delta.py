@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -26,9 +25,7 @@ from pyspark.sql import SparkSession
 
 from cdc.config import TopicConfig
 from compaction.reader import read_topic
-from tests.support import cdc, wait_caught_up, wait_for, write_config
-
-SINK_TIMEOUT_S = 900
+from tests.support import SINK_TIMEOUT_S, Sink, cdc, wait_caught_up, wait_for, write_config
 
 # delta-rs and DuckDB in a child: a process that read with delta-rs may abort at exit
 _OTHER_READERS = """
@@ -110,48 +107,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     yield session
     session.stop()
     os.chdir(ROOT)
-
-
-class Sink:
-    """`cdc sink delta` for one test's config: `--once` runs, or a streaming process."""
-
-    def __init__(self, config: Path, log: Path) -> None:
-        self.config, self.log = config, log
-        self.proc: subprocess.Popen | None = None
-
-    def once(self, exit_code: int = 0, env: dict[str, str] | None = None) -> str:
-        """`--once` to the end; its stdout (its stderr when it is to fail)."""
-        done = subprocess.run(
-            [sys.executable, "-m", "cdc", "sink", "delta", "--once", "--config", str(self.config)],
-            capture_output=True, text=True, timeout=SINK_TIMEOUT_S, cwd=self.config.parent,
-            env={**os.environ, **(env or {})},
-        )
-        with open(self.log, "a", encoding="utf-8") as out:
-            out.write(done.stdout + done.stderr)
-        assert done.returncode == exit_code, done.stdout + done.stderr[-4000:]
-        return done.stdout if exit_code == 0 else done.stderr
-
-    def start(self) -> None:
-        self._out = open(self.log, "a", encoding="utf-8")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cdc", "sink", "delta", "--config", str(self.config)],
-            stdout=self._out, stderr=subprocess.STDOUT, cwd=self.config.parent, start_new_session=True,
-        )
-
-    def stop(self, timeout: float = 300) -> int:
-        """SIGTERM to the command (not its JVM): it lets the running batch finish, then exits."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self._out.close()
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)  # the driver and its JVM
-        self.proc.wait(30)
-        self._out.close()
 
 
 def _config(tmp_path: Path, db: Any, servers: str, prefix: str, **extra: dict) -> Path:
@@ -320,7 +275,7 @@ def test_an_unreachable_master_is_one_line(tmp_path: Path) -> None:
 def test_an_unknown_sink_is_one_line(tmp_path: Path) -> None:
     done = cdc("sink", "warehouse", "--once")
     assert done.returncode == 1
-    assert done.stderr.strip() == "error: unknown sink 'warehouse': use one of delta"
+    assert done.stderr.strip() == "error: unknown sink 'warehouse': use one of delta, cache"
 
 
 def test_a_malformed_record_reaches_the_dead_letter_topic_and_the_job_goes_on(

@@ -1,0 +1,308 @@
+"""The Redis cache: `GET <topic>:<key JSON>` is the row (the event's `after`) or nothing.
+
+Written from the executors, one pipeline per Spark partition, every key through one Lua
+script (loaded once, then EVALSHA) that applies a change only over a lower position:
+- the row: a string at `<topic>:<key JSON>`, compact JSON in column order;
+- its position: a hash at `__cdc:<topic>:<key JSON>` (`pos` = commit LSN and change LSN
+  as 32 hex digits, `part`/`off` = the record's partition and offset, `del` on a delete
+  marker). A delete keeps the hash for `[cache] marker_ttl_s`, so a replay of an older
+  upsert cannot bring the row back;
+- the keys of a table: a set at `__cdc:<topic>:keys`, which a truncate walks (no scan of
+  the keyspace) to delete every row older than the truncate, leaving markers.
+Both keys of a row hash to one Redis Cluster slot: a key JSON is an object, and Cluster
+hashes the text between its first `{` and `}` (the same in both names). The set is
+another key, written beside the script in the same pipeline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+from pyspark.sql import Row, SparkSession
+from pyspark.sql import functions as F
+
+from cdc.config import CacheConfig
+from sinks.batch import TableBatch, after_truncate
+from sinks.shapes import TOAST_PLACEHOLDER
+
+log = logging.getLogger(__name__)
+
+PIPELINE_KEYS = 1000  # keys per pipeline round trip
+META = "__cdc:"
+
+# KEYS: row, meta. ARGV: kind (u: upsert, d: delete, t: truncate), position ('' when unknown:
+# a tombstone whose d was compacted away), partition, offset, row JSON, row TTL ms, marker TTL ms.
+# A change applies over a lower position; without two positions, over a lower offset of the
+# same partition; a truncate only over a row it finds with a lower position. 1 if applied.
+GUARD = """
+local kind, pos, part, off = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local m = redis.call('HMGET', KEYS[2], 'pos', 'part', 'off', 'del')
+local newer
+if kind == 't' then
+  newer = m[1] and m[1] ~= '' and m[1] < pos and not m[4]
+elseif not m[1] and not m[2] then
+  newer = true
+elseif pos ~= '' and m[1] and m[1] ~= '' then
+  newer = pos > m[1]
+elseif m[2] == part then
+  newer = off > tonumber(m[3])
+else
+  newer = true
+end
+if not newer then
+  return 0
+end
+if kind == 'u' then
+  local ttl = tonumber(ARGV[6])
+  if ttl > 0 then
+    redis.call('SET', KEYS[1], ARGV[5], 'PX', ttl)
+  else
+    redis.call('SET', KEYS[1], ARGV[5])
+  end
+  redis.call('HSET', KEYS[2], 'pos', pos, 'part', part, 'off', ARGV[4])
+  redis.call('HDEL', KEYS[2], 'del')
+  if ttl > 0 then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+  else
+    redis.call('PERSIST', KEYS[2])
+  end
+  return 1
+end
+redis.call('DEL', KEYS[1])
+if pos == '' then
+  pos = m[1] or ''
+end
+if kind == 't' then
+  redis.call('HSET', KEYS[2], 'pos', pos, 'del', '1')
+else
+  redis.call('HSET', KEYS[2], 'pos', pos, 'part', part, 'off', ARGV[4], 'del', '1')
+end
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
+return 1
+"""
+
+_PLACEHOLDER_BYTES = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="
+_PLACEHOLDERS = (
+    TOAST_PLACEHOLDER, _PLACEHOLDER_BYTES, [TOAST_PLACEHOLDER], [_PLACEHOLDER_BYTES],
+    {TOAST_PLACEHOLDER: TOAST_PLACEHOLDER},
+)
+
+
+def position(lsn: int | None, seq: int | None) -> str:
+    """A position as text that orders like (commit LSN, change LSN); '' when unknown."""
+    return "" if lsn is None or seq is None else f"{lsn:016x}{seq:016x}"
+
+
+def canonical_key(raw: str) -> str:
+    """The key's canonical JSON: the record key, or its payload when it carries a schema."""
+    key = orjson.loads(raw)
+    if isinstance(key, dict) and key.keys() == {"schema", "payload"}:
+        key = key["payload"]
+    return orjson.dumps(key).decode()
+
+
+def display_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What an executor needs to write (picklable: it travels with the partition function)."""
+
+    url: str
+    password: str
+    tls_cafile: str
+    marker_ttl_ms: int
+    row_ttl_ms: int
+
+    @classmethod
+    def of(cls, config: CacheConfig) -> Settings:
+        return cls(config.url, config.password, config.tls_cafile, config.marker_ttl_s * 1000,
+                   config.row_ttl_s * 1000)
+
+    def client(self, retries: int = 6) -> Any:
+        """A client that retries a lost connection with backoff (then the batch fails and
+        Spark reads it again)."""
+        import redis
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
+
+        options: dict[str, Any] = {
+            "socket_timeout": 30, "socket_connect_timeout": 10,
+            "retry": Retry(ExponentialBackoff(cap=10, base=0.5), retries),
+            "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        }
+        if self.password:
+            options["password"] = self.password
+        if self.tls_cafile:
+            options["ssl_ca_certs"] = self.tls_cafile
+        return redis.Redis.from_url(self.url, **options)
+
+
+def check_reachable(config: CacheConfig) -> None:
+    """PING the cache; a one-line error naming the fix when it does not answer."""
+    import redis
+
+    from cdc.config import ConfigError
+
+    try:
+        Settings.of(config).client(retries=0).ping()
+    except redis.AuthenticationError:
+        raise ConfigError(
+            f"Redis at {display_url(config.url)} refused the password: fix [cache] password (or the URL's)"
+        ) from None
+    except redis.RedisError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        for secret in (config.password, urlsplit(config.url).password):
+            if secret:
+                first = first.replace(secret, "***")
+        raise ConfigError(
+            f"cannot reach Redis at {display_url(config.url)} ({first}): start it, or fix [cache] url"
+        ) from None
+
+
+@dataclass
+class Change:
+    """The last change of a key in a batch, as the script takes it."""
+
+    key: str
+    kind: str  # u or d
+    pos: str
+    partition: int
+    offset: int
+    row: dict[str, Any] | None = None
+    missing: tuple[str, ...] = ()  # TOASTed columns neither the event nor the batch had
+
+
+def _unavailable(value: Any) -> bool:
+    return any(value == p for p in _PLACEHOLDERS)
+
+
+def last_changes(rows: Iterable[Row]) -> Iterator[Change]:
+    """Rows sorted by key, then offset -> the last change of each key. An unchanged TOASTed
+    value takes the batch's newest value of its column; a tombstone keeps its d's position."""
+    for raw, events in itertools.groupby(rows, key=lambda r: r["_cdc_key"]):
+        key = canonical_key(raw)
+        last: Change | None = None
+        for e in events:
+            pos = position(e["_cdc_lsn"], e["_cdc_seq"])
+            if e["_cdc_tombstone"]:
+                known = last.pos if last is not None and last.kind == "d" else ""
+                last = Change(key, "d", known, e["_cdc_partition"], e["_cdc_offset"])
+            elif e["_cdc_op"] == "d":
+                last = Change(key, "d", pos, e["_cdc_partition"], e["_cdc_offset"])
+            else:
+                row = orjson.loads(e["after"])
+                earlier = last.row if last is not None and last.row is not None else {}
+                missing = []
+                for name, value in row.items():
+                    if _unavailable(value):
+                        if name in earlier and name not in (last.missing if last else ()):
+                            row[name] = earlier[name]
+                        else:
+                            missing.append(name)
+                last = Change(key, "u", pos, e["_cdc_partition"], e["_cdc_offset"], row, tuple(missing))
+        if last is not None:
+            yield last
+
+
+class PartitionWriter:
+    """Writes one Spark partition's changes of one table (runs on an executor)."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self.settings = settings
+        self.topic = topic
+
+    def row_key(self, key: str) -> str:
+        return f"{self.topic}:{key}"
+
+    def __call__(self, rows: Iterator[Row]) -> None:
+        changes = last_changes(rows)
+        client = self.settings.client()
+        try:
+            guard = client.register_script(GUARD)
+            index = f"{META}{self.topic}:keys"
+            while chunk := list(itertools.islice(changes, PIPELINE_KEYS)):
+                self._fill_toasted(client, chunk)
+                pipe = client.pipeline(transaction=False)
+                for change in chunk:
+                    row_key = self.row_key(change.key)
+                    if change.kind == "u":
+                        pipe.sadd(index, change.key)
+                    value = orjson.dumps(change.row) if change.row is not None else b""
+                    guard(
+                        keys=[row_key, META + row_key],
+                        args=[change.kind, change.pos, change.partition, change.offset, value,
+                              self.settings.row_ttl_ms, self.settings.marker_ttl_ms],
+                        client=pipe,
+                    )
+                pipe.execute()
+        finally:
+            client.close()
+
+    def _fill_toasted(self, client: Any, chunk: list[Change]) -> None:
+        """Unchanged TOASTed values the batch did not have: the cached row's (null without one)."""
+        toasted = [c for c in chunk if c.missing]
+        if not toasted:
+            return
+        for change, stored in zip(toasted, client.mget([self.row_key(c.key) for c in toasted]), strict=True):
+            held = orjson.loads(stored) if stored else {}
+            assert change.row is not None
+            for name in change.missing:
+                change.row[name] = held.get(name)
+
+
+class CacheStore:
+    """Keeps the cache equal to the source tables, one table of a micro-batch at a time."""
+
+    name = "cache"
+
+    def __init__(self, spark: SparkSession, config: CacheConfig) -> None:
+        self.spark = spark
+        self.settings = Settings.of(config)
+
+    def apply(self, batch: TableBatch) -> None:
+        for lsn, seq, _ in batch.truncates:
+            self._truncate(batch.topic, position(lsn, seq))
+        rows = batch.rows.where(F.col("_cdc_op").isNull() | (F.col("_cdc_op") != "t"))
+        rows = after_truncate(rows, batch.truncate).select(
+            "_cdc_key", "_cdc_op", "_cdc_lsn", "_cdc_seq", "_cdc_partition", "_cdc_offset", "_cdc_tombstone", "after",
+        )
+        # a key's changes meet in one partition, in offset order (its position order)
+        parallelism = max(2, self.spark.sparkContext.defaultParallelism)
+        rows.repartition(parallelism, "_cdc_key").sortWithinPartitions("_cdc_key", "_cdc_offset").foreachPartition(
+            PartitionWriter(self.settings, batch.topic)
+        )
+
+    def _truncate(self, topic: str, pos: str) -> None:
+        """Delete every row of the table older than `pos`, walking its key set (on the driver:
+        truncates are rare and the set is the table's keys, not the keyspace)."""
+        writer = PartitionWriter(self.settings, topic)
+        client = self.settings.client()
+        index = f"{META}{topic}:keys"
+        try:
+            guard = client.register_script(GUARD)
+            members = client.sscan_iter(index, count=PIPELINE_KEYS)
+            while chunk := [m.decode() for m in itertools.islice(members, PIPELINE_KEYS)]:
+                pipe = client.pipeline(transaction=False)
+                for key in chunk:
+                    row_key = writer.row_key(key)
+                    guard(keys=[row_key, META + row_key], args=["t", pos, "", 0, b"", 0, self.settings.marker_ttl_ms],
+                          client=pipe)
+                done = [key for key, applied in zip(chunk, pipe.execute(), strict=True) if applied]
+                if done:
+                    client.srem(index, *done)
+        finally:
+            client.close()
