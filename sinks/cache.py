@@ -265,13 +265,67 @@ class PartitionWriter:
 
 
 class CacheStore:
-    """Keeps the cache equal to the source tables, one table of a micro-batch at a time."""
+    """Keeps the cache equal to the source tables, one table of a micro-batch at a time.
+
+    Redis may restart without its data (no persistence, a failover to a stale replica): the
+    job counts its batches in `__cdc:<prefix>:sink:cache:batches`, written after each
+    batch's writes and checked before the next one commits. A count that is missing or
+    behind means writes were lost, and the job rebuilds the cache from the topics."""
 
     name = "cache"
 
-    def __init__(self, spark: SparkSession, config: CacheConfig) -> None:
+    def __init__(self, spark: SparkSession, config: CacheConfig, prefix: str) -> None:
         self.spark = spark
         self.settings = Settings.of(config)
+        self.where = f"Redis at {display_url(config.url)}"
+        self.counter = f"{META}{prefix}:sink:cache:batches"
+        self.batches = 0
+
+    def start(self, resumed: bool) -> None:
+        from sinks.job import StoreLost
+
+        client = self.settings.client()
+        try:
+            held = client.get(self.counter)
+            if held is None and resumed:
+                raise StoreLost(f"{self.where} holds no trace of the batches this job committed")
+            if held is None:
+                client.set(self.counter, 0)
+            self.batches = int(held or 0)
+            self._check_policy(client)
+        finally:
+            client.close()
+
+    def done(self) -> None:
+        from sinks.job import StoreLost
+
+        client = self.settings.client()
+        try:
+            held = client.get(self.counter)
+            if held is None or int(held) != self.batches:
+                count = "no count" if held is None else f"a count of {int(held)}"
+                raise StoreLost(
+                    f"{self.where} lost writes: it holds {count} of this job's batches, which wrote {self.batches}"
+                )
+            self.batches += 1
+            client.set(self.counter, self.batches)
+        finally:
+            client.close()
+
+    def _check_policy(self, client: Any) -> None:
+        """An evicting Redis drops rows, and delete markers whose loss lets a replay bring a
+        deleted row back: say so once (CONFIG may be refused on managed servers)."""
+        import redis
+
+        try:
+            policy = client.config_get("maxmemory-policy").get("maxmemory-policy", "noeviction")
+        except redis.ResponseError:
+            return
+        if policy != "noeviction":
+            log.warning(
+                "%s evicts keys (maxmemory-policy %s): rows and delete markers may go; set maxmemory-policy "
+                "noeviction for a cache that must equal the source", self.where, policy,
+            )
 
     def apply(self, batch: TableBatch) -> None:
         for lsn, seq, _ in batch.truncates:

@@ -196,6 +196,12 @@ class DeltaStore:
             marks[partition] = max(marks.get(partition, -1), offset)
 
     # -- writes ----------------------------------------------------------------------
+    def start(self, resumed: bool) -> None:
+        """Nothing to check: Delta's commits are durable once made."""
+
+    def done(self) -> None:
+        """Nothing to check (see `start`)."""
+
     def apply(self, batch: TableBatch) -> None:
         # every schema change first: a type change a table cannot take stops before any write
         self._table(table_path(self.root, "changes", batch.topic), {}, _CHANGES, batch.display)

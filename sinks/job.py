@@ -37,7 +37,19 @@ LETTER_COLUMNS = ("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_key", "_c
 class Store(Protocol):
     name: str
 
+    def start(self, resumed: bool) -> None:
+        """Before the query starts; `resumed`: the checkpoint holds committed batches."""
+
     def apply(self, batch: TableBatch) -> None: ...
+
+    def done(self) -> None:
+        """After every table of a batch, before it commits: a store that finds it lost
+        writes raises StoreLost."""
+
+
+class StoreLost(Exception):
+    """The store lost writes of committed batches (a server restarted without its data):
+    the job rebuilds it from the topics, from the earliest offsets."""
 
 
 class SinkStopped(Exception):
@@ -137,6 +149,7 @@ class SinkJob:
             # commits, mostly waiting; several chains keep the executors busy
             with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
                 list(pool.map(lambda w: self._apply(registry, *w), work))
+            self.store.done()
             applied = {topic: stat["high"] for topic, stat, _ in work if stat["high"] is not None}
             self._record(batch_id, applied, beat)
             log.info(
@@ -267,6 +280,7 @@ def run(
     A failed batch fails the query: the error is raised here, and the caller may start
     the job again from the same checkpoint (nothing after the last good batch is lost)."""
     job = SinkJob(spark, config, store, stop_requested)
+    store.start(resumed=_has_commits(spark, checkpoint))
     reader = topics.read_stream(spark, config.topic, config.spark.max_offsets_per_trigger)
     writer = reader.writeStream.foreachBatch(job).option("checkpointLocation", checkpoint)
     if once:
@@ -295,6 +309,25 @@ def run(
     return job.progress
 
 
+def _filesystem(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """Hadoop's FileSystem for `path` (a local folder or any URI Spark can write) and the path."""
+    jvm, jsc = spark._jvm, spark._jsc
+    assert jvm is not None and jsc is not None
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    return hadoop_path.getFileSystem(jsc.hadoopConfiguration()), hadoop_path
+
+
+def _has_commits(spark: SparkSession, checkpoint: str) -> bool:
+    fs, path = _filesystem(spark, checkpoint.rstrip("/") + "/commits")
+    return bool(fs.exists(path) and fs.listStatus(path))
+
+
+def drop_checkpoint(spark: SparkSession, checkpoint: str) -> None:
+    """Forget the job's offsets: it reads the topics from the earliest offsets again."""
+    fs, path = _filesystem(spark, checkpoint)
+    fs.delete(path, True)
+
+
 class StopSignal:
     """SIGTERM/SIGINT ask the job to stop after its running batch. `install` after the
     SparkContext started: pyspark puts its own SIGINT handler in (cancel every job)."""
@@ -310,4 +343,6 @@ class StopSignal:
         return self.requested.is_set()
 
 
-__all__ = ["SinkJob", "SinkStopped", "Store", "TypeConflict", "ensure_topics", "run", "StopSignal"]
+__all__ = [
+    "SinkJob", "SinkStopped", "Store", "StoreLost", "TypeConflict", "drop_checkpoint", "ensure_topics", "run", "StopSignal",
+]

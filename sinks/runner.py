@@ -20,7 +20,17 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from cdc.config import Config, ConfigError
-from sinks.job import Progress, SinkStopped, StopSignal, Store, TypeConflict, ensure_topics, run
+from sinks.job import (
+    Progress,
+    SinkStopped,
+    StopSignal,
+    Store,
+    StoreLost,
+    TypeConflict,
+    drop_checkpoint,
+    ensure_topics,
+    run,
+)
 from sinks.spark import build_session, spark_environment, submit_command
 
 log = logging.getLogger(__name__)
@@ -29,6 +39,7 @@ STORES = ("delta", "cache")
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cdc", "compaction", "sinks")  # what a sink job imports (never the capture side's C extension)
 ONCE_ATTEMPTS = 3
+REBUILDS = 3  # in a row, within one run: a store that keeps losing writes stops the job
 
 
 def checkpoint(config: Config, store: str) -> str:
@@ -66,7 +77,7 @@ def make_store(name: str, spark: SparkSession, config: Config) -> Store:
     if name == "cache":
         from sinks.cache import CacheStore
 
-        return CacheStore(spark, config.cache)
+        return CacheStore(spark, config.cache, config.topic.prefix)
     from sinks.delta import DeltaStore
 
     return DeltaStore(spark, config.delta.path)
@@ -79,7 +90,7 @@ def run_here(config: Config, store_name: str, once: bool, stop: StopSignal) -> P
     spark = build_session(f"cdc-sink-{store_name}", master=config.spark.master)
     stop.install()
     store = make_store(store_name, spark, config)
-    delay, attempts = 1.0, 0
+    delay, attempts, rebuilds = 1.0, 0, 0
     try:
         while True:
             attempts += 1
@@ -87,6 +98,14 @@ def run_here(config: Config, store_name: str, once: bool, stop: StopSignal) -> P
                 return run(spark, config, store, checkpoint(config, store_name), once, stop)
             except (SinkStopped, TypeConflict):
                 raise
+            except StoreLost as exc:  # a replay from the earliest offsets rebuilds it
+                rebuilds += 1
+                if rebuilds > REBUILDS:
+                    raise SinkStopped(f"the {store_name} sink rebuilt its store {REBUILDS} times and it lost writes "
+                                      f"again: {exc}") from None
+                log.warning("sink %s: %s; rebuilding it from the topics (earliest offsets)", store_name, exc)
+                drop_checkpoint(spark, checkpoint(config, store_name))
+                attempts = 0
             except Exception as exc:  # the store or Kafka failed a batch: read it again
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 if stop() or (once and attempts >= ONCE_ATTEMPTS):

@@ -7,6 +7,7 @@ Real PostgreSQL, Kafka, Spark and Redis. What a cache reader relies on: `GET
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,9 @@ BIG = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 200))
 
 
 def _config(tmp_path: Path, db: Any, servers: str, prefix: str, url: str, **extra: dict) -> Path:
-    return write_config(
-        tmp_path / "cdc.toml", db.dsn, servers, prefix, ["public.*"],
-        cache={"url": url}, spark={"checkpoint_dir": str(tmp_path / "checkpoints")}, **extra,
-    )
+    spark = {"checkpoint_dir": str(tmp_path / "checkpoints"), **extra.pop("spark", {})}
+    return write_config(tmp_path / "cdc.toml", db.dsn, servers, prefix, ["public.*"], cache={"url": url},
+                        spark=spark, **extra)
 
 
 def _visible(client: redis.Redis, prefix: str) -> dict[str, Any]:
@@ -116,6 +116,53 @@ def test_the_cache_follows_the_source_and_a_replay_changes_nothing(
     sink.once()
     assert _everything(client) == before
     assert client.get(f'{topic_prefix}.public.wide:{{"id":2}}') is None
+    assert daemon.stop() == 0
+
+
+def _acct(client: redis.Redis, prefix: str) -> dict[int, tuple[int, str]]:
+    rows = _visible(client, prefix)
+    return {row["id"]: (row["version"], row["note"]) for key, row in rows.items() if ".public.acct:" in key}
+
+
+def test_kill_9_and_a_redis_that_lost_its_data_under_load(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any
+) -> None:
+    from tests.support import ACCT, SINK_TIMEOUT_S, Writers, wait_for
+
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 2000) g")
+    daemon, slot = run_daemon(["public.acct"])
+    with LocalRedis(tmp_path / "redis") as server:  # no persistence: a restart comes back empty
+        config = _config(tmp_path, db, broker_servers, topic_prefix, server.url, spark={
+            "checkpoint_dir": str(tmp_path / "checkpoints"), "max_offsets_per_trigger": 700,
+        })
+        sink = Sink(config, tmp_path / "sink.log", store="cache")
+
+        def log_count(text: str) -> int:
+            return Path(sink.log).read_text().count(text) if Path(sink.log).exists() else 0
+
+        with Writers(db.dsn, keys=3000, pause_s=0.05):
+            for delay_s in (0.5, 1.0, 2.0):  # kill -9 in the batch after one that completed
+                before = log_count("INFO sinks.job: batch ")
+                sink.start()
+                wait_for(lambda before=before: log_count("INFO sinks.job: batch ") > before, SINK_TIMEOUT_S, "a batch")
+                time.sleep(delay_s)
+                sink.kill9()
+            before = log_count("INFO sinks.job: batch ")
+            sink.start()
+            wait_for(lambda: log_count("INFO sinks.job: batch ") > before, SINK_TIMEOUT_S, "a batch")
+            server.restart()  # while the job streams: every row it wrote is gone
+            wait_for(lambda: log_count("rebuilding it from the topics") > 0, SINK_TIMEOUT_S, "the job to rebuild")
+            before = log_count("INFO sinks.job: batch ")
+            wait_for(lambda: log_count("INFO sinks.job: batch ") > before, SINK_TIMEOUT_S, "a batch after it")
+            assert sink.stop() == 0
+        wait_caught_up(db.dsn, slot, daemon)
+        sink.once(env={"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"})
+        client = redis.Redis.from_url(server.url)
+        assert _acct(client, topic_prefix) == {r[0]: (r[1], r[2]) for r in db.fetchall(
+            "SELECT id, version, note FROM public.acct"
+        )}
+        assert f"Redis at {server.url} lost writes" in Path(sink.log).read_text()
     assert daemon.stop() == 0
 
 
