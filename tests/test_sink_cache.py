@@ -166,6 +166,30 @@ def test_kill_9_and_a_redis_that_lost_its_data_under_load(
     assert daemon.stop() == 0
 
 
+def test_the_cache_job_on_a_standalone_cluster(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, redis_server: LocalRedis,
+    spark_cluster: Any,
+) -> None:
+    from tests.support import ACCT
+
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'n' || g FROM generate_series(1, 500) g")
+    daemon, slot = run_daemon(["public.*"])
+    db.execute("UPDATE public.acct SET version = 2, note = 'u' WHERE id % 5 = 0")
+    db.execute("DELETE FROM public.acct WHERE id % 7 = 0")
+    wait_caught_up(db.dsn, slot, daemon)
+    config = _config(tmp_path, db, broker_servers, topic_prefix, redis_server.url,
+                     spark={"master": spark_cluster.master_url})
+    assert "0 dead letters" in Sink(config, tmp_path / "sink.log", store="cache").once()
+    client = redis.Redis.from_url(redis_server.url)
+    assert _acct(client, topic_prefix) == {r[0]: (r[1], r[2]) for r in db.fetchall(
+        "SELECT id, version, note FROM public.acct"
+    )}
+    # the driver registered with the cluster, whose executors wrote to Redis
+    assert "Registering app cdc-sink-cache" in (spark_cluster.work_dir / "master.log").read_text()
+    assert daemon.stop() == 0
+
+
 def test_the_guard_applies_a_change_only_over_a_lower_position(redis_server: LocalRedis) -> None:
     client = redis.Redis.from_url(redis_server.url)
     guard = client.register_script(GUARD)
