@@ -253,7 +253,58 @@ class DeltaBench(StoreBench):
         return poll
 
 
-STORES: dict[str, type[StoreBench]] = {"delta": DeltaBench}
+class CacheBench(StoreBench):
+    """Redis, started by the bench on first use; each run dir gets a database of its own."""
+
+    name = "cache"
+
+    def __init__(self) -> None:
+        self.server: Any = None
+        self.databases: dict[Path, int] = {}
+
+    def sections(self, run_dir: Path) -> dict[str, dict[str, Any]]:
+        from cdc.local.redis import LocalRedis
+
+        if self.server is None:
+            self.server = LocalRedis(run_dir.parent / "redis").start()
+        number = self.databases.setdefault(run_dir, len(self.databases) + 1)  # 1..15
+        return {"cache": {"url": f"redis://127.0.0.1:{self.server.port}/{number}"}}
+
+    def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
+        import redis
+
+        from cdc.config import load as load_config
+
+        client = redis.Redis.from_url(load_config(str(config_path)).cache.url)
+        return {"rows": sum(sum(1 for _ in client.scan_iter(match=f"{t}:*", count=10000)) for t in topics)}
+
+    def expected(self, bench: SinksBench) -> dict[str, Any]:
+        return {"rows": bench.workload.inserts}
+
+    def visible(self, config_path: str) -> Any:
+        """GETs of the next markers (ids count up from 1; the warm-up ones are negative)."""
+        import redis
+
+        from cdc.config import load as load_config
+
+        client = redis.Redis.from_url(load_config(config_path).cache.url)
+        topic = topic_name(PREFIX, "public", FRESH_TABLE)
+        first = 1  # every marker below it was seen
+
+        def poll() -> tuple[list[int], float]:
+            nonlocal first
+            ids = [*range(-5, 0), *range(first, first + 5000)]
+            now = time.time()
+            found = [i for i, v in zip(ids, client.mget([f'{topic}:{{"id":{i}}}' for i in ids]), strict=True) if v]
+            seen = set(found)
+            while first in seen:
+                first += 1
+            return found, now
+
+        return poll
+
+
+STORES: dict[str, type[StoreBench]] = {"delta": DeltaBench, "cache": CacheBench}
 
 
 # --------------------------------------------------------------------------- results

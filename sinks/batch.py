@@ -57,6 +57,25 @@ class TableBatch:
         return self.truncates[-1][:2] if self.truncates else None
 
 
+@dataclass
+class ChangeBatch:
+    """What a store of the events' JSON needs of one micro-batch: every table at once."""
+
+    #: the good change rows of the batch's tables (CHANGE_COLUMNS), truncate events included
+    rows: DataFrame
+    #: topic -> its truncates in the batch, (commit LSN, change LSN, commit time in ms), in order
+    truncates: dict[str, list[tuple[int, int, int]]]
+
+    def changes(self) -> DataFrame:
+        """The rows without truncate events and without rows an own-table truncate of the
+        batch cut off (tombstones without a position stay: deleting is safe)."""
+        rows = self.rows.where(F.col("_cdc_op").isNull() | (F.col("_cdc_op") != "t"))
+        for topic, cuts in self.truncates.items():
+            if cuts:
+                rows = rows.where((F.col("_cdc_topic") != topic) | _after(cuts[-1][:2]))
+        return rows
+
+
 def merged_columns(versions: list[Version]) -> dict[str, DataType]:
     columns: dict[str, DataType] = {}
     for version in versions:
@@ -158,12 +177,14 @@ def last_per_key(rows: DataFrame, columns: dict[str, DataType]) -> DataFrame:
     )
 
 
+def _after(truncate: tuple[int, int]) -> Column:
+    lsn, seq = F.col("_cdc_lsn"), F.col("_cdc_seq")
+    return lsn.isNull() | (lsn > truncate[0]) | ((lsn == truncate[0]) & (seq > truncate[1]))
+
+
 def after_truncate(rows: DataFrame, truncate: tuple[int, int] | None) -> DataFrame:
     """Rows not cut off by `truncate` (tombstones without a position stay: deleting is safe)."""
-    if truncate is None:
-        return rows
-    lsn, seq = F.col("_cdc_lsn"), F.col("_cdc_seq")
-    return rows.where(lsn.isNull() | (lsn > truncate[0]) | ((lsn == truncate[0]) & (seq > truncate[1])))
+    return rows if truncate is None else rows.where(_after(truncate))
 
 
 def table_batch(

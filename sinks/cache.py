@@ -25,10 +25,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 from pyspark.sql import Row, SparkSession
-from pyspark.sql import functions as F
 
 from cdc.config import CacheConfig
-from sinks.batch import TableBatch, after_truncate
+from sinks.batch import ChangeBatch
 from sinks.shapes import TOAST_PLACEHOLDER
 
 log = logging.getLogger(__name__)
@@ -190,10 +189,11 @@ def _unavailable(value: Any) -> bool:
     return any(value == p for p in _PLACEHOLDERS)
 
 
-def last_changes(rows: Iterable[Row]) -> Iterator[Change]:
-    """Rows sorted by key, then offset -> the last change of each key. An unchanged TOASTed
-    value takes the batch's newest value of its column; a tombstone keeps its d's position."""
-    for raw, events in itertools.groupby(rows, key=lambda r: r["_cdc_key"]):
+def last_changes(rows: Iterable[Row]) -> Iterator[tuple[str, Change]]:
+    """Rows sorted by topic, key, offset -> (topic, the last change of each key). An
+    unchanged TOASTed value takes the batch's newest value of its column; a tombstone
+    keeps its d's position."""
+    for (topic, raw), events in itertools.groupby(rows, key=lambda r: (r["_cdc_topic"], r["_cdc_key"])):
         key = canonical_key(raw)
         last: Change | None = None
         for e in events:
@@ -215,35 +215,34 @@ def last_changes(rows: Iterable[Row]) -> Iterator[Change]:
                             missing.append(name)
                 last = Change(key, "u", pos, e["_cdc_partition"], e["_cdc_offset"], row, tuple(missing))
         if last is not None:
-            yield last
+            yield topic, last
+
+
+def row_key(topic: str, key: str) -> str:
+    return f"{topic}:{key}"
 
 
 class PartitionWriter:
-    """Writes one Spark partition's changes of one table (runs on an executor)."""
+    """Writes one Spark partition's changes (runs on an executor)."""
 
-    def __init__(self, settings: Settings, topic: str) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.topic = topic
-
-    def row_key(self, key: str) -> str:
-        return f"{self.topic}:{key}"
 
     def __call__(self, rows: Iterator[Row]) -> None:
         changes = last_changes(rows)
         client = self.settings.client()
         try:
             guard = client.register_script(GUARD)
-            index = f"{META}{self.topic}:keys"
             while chunk := list(itertools.islice(changes, PIPELINE_KEYS)):
                 self._fill_toasted(client, chunk)
                 pipe = client.pipeline(transaction=False)
-                for change in chunk:
-                    row_key = self.row_key(change.key)
+                for topic, change in chunk:
+                    key = row_key(topic, change.key)
                     if change.kind == "u":
-                        pipe.sadd(index, change.key)
+                        pipe.sadd(f"{META}{topic}:keys", change.key)
                     value = orjson.dumps(change.row) if change.row is not None else b""
                     guard(
-                        keys=[row_key, META + row_key],
+                        keys=[key, META + key],
                         args=[change.kind, change.pos, change.partition, change.offset, value,
                               self.settings.row_ttl_ms, self.settings.marker_ttl_ms],
                         client=pipe,
@@ -252,12 +251,15 @@ class PartitionWriter:
         finally:
             client.close()
 
-    def _fill_toasted(self, client: Any, chunk: list[Change]) -> None:
+    @staticmethod
+    def _fill_toasted(client: Any, chunk: list[tuple[str, Change]]) -> None:
         """Unchanged TOASTed values the batch did not have: the cached row's (null without one)."""
-        toasted = [c for c in chunk if c.missing]
+        toasted = [(t, c) for t, c in chunk if c.missing]
         if not toasted:
             return
-        for change, stored in zip(toasted, client.mget([self.row_key(c.key) for c in toasted]), strict=True):
+        for (_, change), stored in zip(
+            toasted, client.mget([row_key(t, c.key) for t, c in toasted]), strict=True
+        ):
             held = orjson.loads(stored) if stored else {}
             assert change.row is not None
             for name in change.missing:
@@ -327,23 +329,23 @@ class CacheStore:
                 "noeviction for a cache that must equal the source", self.where, policy,
             )
 
-    def apply(self, batch: TableBatch) -> None:
-        for lsn, seq, _ in batch.truncates:
-            self._truncate(batch.topic, position(lsn, seq))
-        rows = batch.rows.where(F.col("_cdc_op").isNull() | (F.col("_cdc_op") != "t"))
-        rows = after_truncate(rows, batch.truncate).select(
-            "_cdc_key", "_cdc_op", "_cdc_lsn", "_cdc_seq", "_cdc_partition", "_cdc_offset", "_cdc_tombstone", "after",
+    def apply_changes(self, batch: ChangeBatch) -> None:
+        for topic, truncates in batch.truncates.items():
+            for lsn, seq, _ in truncates:
+                self._truncate(topic, position(lsn, seq))
+        rows = batch.changes().select(
+            "_cdc_topic", "_cdc_key", "_cdc_op", "_cdc_lsn", "_cdc_seq", "_cdc_partition", "_cdc_offset",
+            "_cdc_tombstone", "after",
         )
         # a key's changes meet in one partition, in offset order (its position order)
         parallelism = max(2, self.spark.sparkContext.defaultParallelism)
-        rows.repartition(parallelism, "_cdc_key").sortWithinPartitions("_cdc_key", "_cdc_offset").foreachPartition(
-            PartitionWriter(self.settings, batch.topic)
-        )
+        rows.repartition(parallelism, "_cdc_topic", "_cdc_key").sortWithinPartitions(
+            "_cdc_topic", "_cdc_key", "_cdc_offset"
+        ).foreachPartition(PartitionWriter(self.settings))
 
     def _truncate(self, topic: str, pos: str) -> None:
         """Delete every row of the table older than `pos`, walking its key set (on the driver:
         truncates are rare and the set is the table's keys, not the keyspace)."""
-        writer = PartitionWriter(self.settings, topic)
         client = self.settings.client()
         index = f"{META}{topic}:keys"
         try:
@@ -352,8 +354,8 @@ class CacheStore:
             while chunk := [m.decode() for m in itertools.islice(members, PIPELINE_KEYS)]:
                 pipe = client.pipeline(transaction=False)
                 for key in chunk:
-                    row_key = writer.row_key(key)
-                    guard(keys=[row_key, META + row_key], args=["t", pos, "", 0, b"", 0, self.settings.marker_ttl_ms],
+                    row = row_key(topic, key)
+                    guard(keys=[row, META + row], args=["t", pos, "", 0, b"", 0, self.settings.marker_ttl_ms],
                           client=pipe)
                 done = [key for key, applied in zip(chunk, pipe.execute(), strict=True) if applied]
                 if done:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from cdc.config import Config
 from cdc.kafka.topics import TopicAdmin
 from sinks import topics
-from sinks.batch import TableBatch, TypeConflict, decode_table, table_batch
+from sinks.batch import ChangeBatch, TableBatch, TypeConflict, decode_table, table_batch
 from sinks.envelope import change_rows
 from sinks.shapes import Registry
 
@@ -34,17 +34,33 @@ TABLE_THREADS = 4
 LETTER_COLUMNS = ("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_key", "_cdc_error", "_value")
 
 
-class Store(Protocol):
+class _Lifecycle(Protocol):
     name: str
 
     def start(self, resumed: bool) -> None:
         """Before the query starts; `resumed`: the checkpoint holds committed batches."""
 
-    def apply(self, batch: TableBatch) -> None: ...
-
     def done(self) -> None:
         """After every table of a batch, before it commits: a store that finds it lost
         writes raises StoreLost."""
+
+
+@runtime_checkable
+class TableStore(_Lifecycle, Protocol):
+    """A store of typed columns (the warehouse): one table of a batch at a time."""
+
+    def apply(self, batch: TableBatch) -> None: ...
+
+
+@runtime_checkable
+class ChangeStore(_Lifecycle, Protocol):
+    """A store of the events' JSON (the cache): every table of a batch in one pass, no
+    typed decoding."""
+
+    def apply_changes(self, batch: ChangeBatch) -> None: ...
+
+
+Store = TableStore | ChangeStore
 
 
 class StoreLost(Exception):
@@ -145,10 +161,16 @@ class SinkJob:
                     continue
                 work.append((topic, stat, table_rows))
             self._dead_letters(bad)  # before any store write: with on_malformed = stop nothing is applied
-            # tables in parallel: a table's writes are a chain of small Spark jobs and Delta
-            # commits, mostly waiting; several chains keep the executors busy
-            with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
-                list(pool.map(lambda w: self._apply(registry, *w), work))
+            store = self.store
+            if isinstance(store, ChangeStore):
+                if work:
+                    written = F.col("_cdc_topic").isin(*[topic for topic, _, _ in work])
+                    store.apply_changes(ChangeBatch(good.where(written), {t: s["truncates"] for t, s, _ in work}))
+            else:
+                # tables in parallel: a table's writes are a chain of small Spark jobs and Delta
+                # commits, mostly waiting; several chains keep the executors busy
+                with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
+                    list(pool.map(lambda w: self._apply(store, registry, *w), work))
             self.store.done()
             applied = {topic: stat["high"] for topic, stat, _ in work if stat["high"] is not None}
             self._record(batch_id, applied, beat)
@@ -196,7 +218,7 @@ class SinkJob:
             stat["truncates"].sort()
         return stats
 
-    def _apply(self, registry: Registry, topic: str, stat: dict[str, Any], rows: DataFrame) -> None:
+    def _apply(self, store: TableStore, registry: Registry, topic: str, stat: dict[str, Any], rows: DataFrame) -> None:
         """Decode one table's rows, send those that do not decode away, let the store apply the rest."""
         low = stat["low"] if stat["low"] is not None else 0
         high = stat["high"] if stat["high"] is not None else low
@@ -210,7 +232,7 @@ class SinkJob:
             batch = table_batch(
                 decoded.where(F.col("_cdc_error").isNull()), newest, columns, stat["truncates"], stat["offsets"]
             )
-            self.store.apply(batch)
+            store.apply(batch)
         finally:
             decoded.unpersist()
 
@@ -344,5 +366,5 @@ class StopSignal:
 
 
 __all__ = [
-    "SinkJob", "SinkStopped", "Store", "StoreLost", "TypeConflict", "drop_checkpoint", "ensure_topics", "run", "StopSignal",
+    "ChangeStore", "SinkJob", "SinkStopped", "Store", "StoreLost", "TableStore", "TypeConflict", "drop_checkpoint", "ensure_topics", "run", "StopSignal",
 ]

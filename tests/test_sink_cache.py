@@ -39,9 +39,12 @@ def _visible(client: redis.Redis, prefix: str) -> dict[str, Any]:
 
 
 def _everything(client: redis.Redis) -> dict[str, Any]:
-    """Every key with its value, positions and markers included (TTLs aside)."""
+    """Every key with its value, positions and markers included (TTLs and the job's batch
+    count aside)."""
     out: dict[str, Any] = {}
     for key in client.scan_iter(count=1000):
+        if key.endswith(b":sink:cache:batches"):
+            continue
         kind = client.type(key)
         if kind == b"string":
             out[key.decode()] = client.get(key)
