@@ -121,6 +121,8 @@ class StoreBench:
     the search index and the cache as subclasses: the phases stay the same."""
 
     name = ""
+    apply_target = 0.5  # the issues' targets: apply rows/s over the read ceiling, freshness p99
+    fresh_target_s = 10.0
 
     def sections(self, run_dir: Path) -> dict[str, dict[str, Any]]:
         """The config sections the store's sink needs, its data under `run_dir`."""
@@ -257,6 +259,8 @@ class CacheBench(StoreBench):
     """Redis, started by the bench on first use; each run dir gets a database of its own."""
 
     name = "cache"
+    apply_target = 0.6
+    fresh_target_s = 3.0
 
     def __init__(self) -> None:
         self.server: Any = None
@@ -789,16 +793,19 @@ class SinksBench(Bench):
             if ceiling is None or not ceiling.rate:
                 continue
             ratio = r.rate / ceiling.rate
+            goal = STORES[r.store].apply_target
             out.append(f"| {r.store} apply / read ceiling, maxOffsetsPerTrigger {r.max_offsets:,} | {ratio:.2f} "
-                       f"({r.rate:,.0f} / {ceiling.rate:,.0f} rows/s) | >= 0.5 ({'met' if ratio >= 0.5 else '**missed**'}) |")
+                       f"({r.rate:,.0f} / {ceiling.rate:,.0f} rows/s) | >= {goal} "
+                       f"({'met' if ratio >= goal else '**missed**'}) |")
         for f in self.fresh.values():
             if not f.latencies_s:
                 continue
             p99 = pct(f.latencies_s, 99)
+            goal = STORES[f.store].fresh_target_s
             out.append(
                 f"| {f.store} commit-to-visible p50 / p99 / max, {len(f.latencies_s):,} markers"
                 f"{f', {f.missing} never seen' if f.missing else ''} | {pct(f.latencies_s, 50):.2f} / {p99:.2f} / "
-                f"{max(f.latencies_s):.2f} s | p99 < 10 s ({'met' if p99 < 10 and not f.missing else '**missed**'}) |"
+                f"{max(f.latencies_s):.2f} s | p99 < {goal} s ({'met' if p99 < goal and not f.missing else '**missed**'}) |"
             )
         out.append("")
         for r in self.runs:
@@ -822,13 +829,14 @@ class SinksBench(Bench):
             out.append("")
         out.append(
             "seconds = the query's start to its end (apply: sinks.job.run with the available-now trigger, so what "
-            "`cdc sink delta --once` does after its session started); session start = the SparkSession (JVM) start "
+            "`cdc sink <store> --once` does after its session started); session start = the SparkSession (JVM) start "
             "before it, not counted; rows/s = table records in the topics / seconds (the read ceiling also reads the "
             "daemon's heartbeat records). Spark CPU = the child's process group (Python driver + JVM) over the query. "
             f"Freshness: half of the transactions insert a marker into public.{FRESH_TABLE} (a table of its own, "
             "applied beside the others in each batch), half update a random backlog row; commit time = the writer's clock right after COMMIT returned "
-            f"(autocommit), visible = the reader's clock when it first found the marker in `current` (its Delta log "
-            f"polled every {a.poll_ms} ms: delta-rs 1.6.6 refuses these tables); [spark] trigger_interval_s = {a.trigger_interval}."
+            f"(autocommit), visible = the reader's clock when it first found the marker (polled every {a.poll_ms} ms: "
+            "Delta: `current`'s Delta log, read by the bench itself; cache: GETs of the next markers); "
+            f"[spark] trigger_interval_s = {a.trigger_interval}."
         )
         out.append("")
         out.append("Commands:")

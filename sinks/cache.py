@@ -24,11 +24,11 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
-from pyspark.sql import Row, SparkSession
+from pyspark.sql import Row
 
 from cdc.config import CacheConfig
 from sinks.batch import ChangeBatch
-from sinks.shapes import TOAST_PLACEHOLDER
+from sinks.shapes import PLACEHOLDER_BYTES, TOAST_PLACEHOLDER
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,8 @@ redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
 return 1
 """
 
-_PLACEHOLDER_BYTES = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="
 _PLACEHOLDERS = (
-    TOAST_PLACEHOLDER, _PLACEHOLDER_BYTES, [TOAST_PLACEHOLDER], [_PLACEHOLDER_BYTES],
+    TOAST_PLACEHOLDER, PLACEHOLDER_BYTES, [TOAST_PLACEHOLDER], [PLACEHOLDER_BYTES],
     {TOAST_PLACEHOLDER: TOAST_PLACEHOLDER},
 )
 
@@ -230,6 +229,10 @@ class PartitionWriter:
 
     def __call__(self, rows: Iterator[Row]) -> None:
         changes = last_changes(rows)
+        first = next(changes, None)
+        if first is None:  # most partitions of a batch hold other tables' records, or none
+            return
+        changes = itertools.chain([first], changes)
         client = self.settings.client()
         try:
             guard = client.register_script(GUARD)
@@ -276,8 +279,7 @@ class CacheStore:
 
     name = "cache"
 
-    def __init__(self, spark: SparkSession, config: CacheConfig, prefix: str) -> None:
-        self.spark = spark
+    def __init__(self, config: CacheConfig, prefix: str) -> None:
         self.settings = Settings.of(config)
         self.where = f"Redis at {display_url(config.url)}"
         self.counter = f"{META}{prefix}:sink:cache:batches"
@@ -337,11 +339,13 @@ class CacheStore:
             "_cdc_topic", "_cdc_key", "_cdc_op", "_cdc_lsn", "_cdc_seq", "_cdc_partition", "_cdc_offset",
             "_cdc_tombstone", "after",
         )
-        # a key's changes meet in one partition, in offset order (its position order)
-        parallelism = max(2, self.spark.sparkContext.defaultParallelism)
-        rows.repartition(parallelism, "_cdc_topic", "_cdc_key").sortWithinPartitions(
-            "_cdc_topic", "_cdc_key", "_cdc_offset"
-        ).foreachPartition(PartitionWriter(self.settings))
+        # Spark's Kafka source reads each topic partition into one Spark partition (no
+        # minPartitions is set) and the job only coalesces them, so a key's changes are
+        # already together: sorting within partitions puts them in offset order (the key's
+        # position order), no shuffle
+        rows.sortWithinPartitions("_cdc_topic", "_cdc_key", "_cdc_offset").foreachPartition(
+            PartitionWriter(self.settings)
+        )
 
     def _truncate(self, topic: str, pos: str) -> None:
         """Delete every row of the table older than `pos`, walking its key set (on the driver:

@@ -138,14 +138,16 @@ class SinkJob:
     def _batch(self, records: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         # One read of the batch from Kafka, stored with its plan cut short: the batch's later
-        # jobs neither read Kafka again nor plan the envelope decoding again
-        persisted = change_rows(records).localCheckpoint(eager=True)
+        # jobs neither read Kafka again nor plan the envelope decoding again. A task per
+        # topic partition would be mostly scheduling on a small batch: the executors' cores
+        # read them, a whole topic partition each time, in offset order (what stores rely on)
+        cores = self.spark.sparkContext.defaultParallelism
+        persisted = change_rows(records.coalesce(max(1, cores))).localCheckpoint(eager=True)
         read = time.monotonic()
         rows = persisted.where(F.col("_cdc_topic") != self.heartbeat_topic)
         try:
             stats = self._stats(persisted)
-            log.debug("batch %d: read and parsed in %.1f s, statistics in %.1f s", batch_id, read - started,
-                      time.monotonic() - read)
+            counted = time.monotonic()
             beat = stats.pop(self.heartbeat_topic, {}).get("beat")
             registry = self.schemas.refresh() if stats else self.schemas.registry
             bad = [rows.where(F.col("_cdc_error").isNotNull())] if any(s["errors"] for s in stats.values()) else []
@@ -171,12 +173,15 @@ class SinkJob:
                 # commits, mostly waiting; several chains keep the executors busy
                 with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
                     list(pool.map(lambda w: self._apply(store, registry, *w), work))
+            written_at = time.monotonic()
             self.store.done()
             applied = {topic: stat["high"] for topic, stat, _ in work if stat["high"] is not None}
             self._record(batch_id, applied, beat)
+            ended = time.monotonic()
             log.info(
-                "batch %d: %d records of %d tables in %.1f s", batch_id, sum(s["count"] for s in stats.values()),
-                len(stats), time.monotonic() - started,
+                "batch %d: %d records of %d tables in %.1f s (read %.1f, statistics %.1f, store %.1f, progress %.1f)",
+                batch_id, sum(s["count"] for s in stats.values()), len(stats), ended - started, read - started,
+                counted - read, written_at - counted, ended - written_at,
             )
         finally:
             persisted.unpersist()  # its blocks go with the reference (Spark's context cleaner)

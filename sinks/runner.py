@@ -77,7 +77,7 @@ def make_store(name: str, spark: SparkSession, config: Config) -> Store:
     if name == "cache":
         from sinks.cache import CacheStore
 
-        return CacheStore(spark, config.cache, config.topic.prefix)
+        return CacheStore(config.cache, config.topic.prefix)
     from sinks.delta import DeltaStore
 
     return DeltaStore(spark, config.delta.path)

@@ -9,7 +9,7 @@ import pytest
 from tests.support import cdc
 
 
-@pytest.mark.integration  # `cdc demo` starts its own PostgreSQL and Kafka
+@pytest.mark.integration  # `cdc demo` starts its own PostgreSQL, Kafka and Redis
 def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     result = cdc("demo", "--workdir", str(tmp_path / "demo"), timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -27,3 +27,13 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     orders = out.split("current/public/orders (read with delta-rs): ", 1)[1].splitlines()[0]
     assert [(r["id"], r["total"]) for r in json.loads(orders)] == [(100, "12.50"), (200, "5.00")]
     assert "sink delta: complete up to" in out  # cdc status
+    # the cache caught up too: GET <topic>:<key JSON> is the row, the deleted order has none
+    gets = dict(
+        line.strip().removeprefix("GET '").split("' -> ", 1) for line in out.splitlines() if line.strip().startswith("GET '")
+    )
+    assert {k: json.loads(v) for k, v in gets.items() if ".customers:" in k} == {
+        'demo.public.customers:{"id":1}': {"id": 1, "name": "Ada", "email": "ada@example.com"},
+        'demo.public.customers:{"id":2}': {"id": 2, "name": "Grace", "email": "grace@example.com"},
+    }
+    assert sorted(k for k in gets if ".orders:" in k) == ['demo.public.orders:{"id":100}', 'demo.public.orders:{"id":200}']
+    assert "sink cache: complete up to" in out

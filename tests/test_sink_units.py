@@ -166,3 +166,48 @@ def test_spark_kafka_options_carry_sasl_credentials_quoted() -> None:
         'org.apache.kafka.common.security.scram.ScramLoginModule required username="cdc" '
         'password="pa\\"ss\\\\word";'
     )
+
+
+# --------------------------------------------------------------------------- the cache's batch fold
+
+
+def _event(key: str, offset: int, op: str | None, after: dict | None = None, lsn: int | None = None,
+           topic: str = "p.public.t") -> dict:
+    return {
+        "_cdc_topic": topic, "_cdc_key": key, "_cdc_op": op, "_cdc_lsn": lsn, "_cdc_seq": lsn,
+        "_cdc_partition": 0, "_cdc_offset": offset, "_cdc_tombstone": op is None,
+        "after": orjson.dumps(after).decode() if after is not None else None,
+    }
+
+
+def test_the_cache_keeps_the_last_change_of_each_key_with_toasted_values_carried() -> None:
+    from sinks.cache import last_changes, position
+    from sinks.shapes import TOAST_PLACEHOLDER
+
+    unchanged = TOAST_PLACEHOLDER
+    rows = [
+        _event('{"id":1}', 1, "c", {"id": 1, "body": "long", "n": 0}, lsn=10),
+        _event('{"id":1}', 2, "u", {"id": 1, "body": unchanged, "n": 1}, lsn=11),
+        _event('{"id":2}', 3, "u", {"id": 2, "body": unchanged, "n": 5}, lsn=12),  # body: from the cache
+        _event('{"id":3}', 4, "d", lsn=13),
+        _event('{"id":3}', 5, None),  # the d's tombstone: the d's position
+        _event('{"id":4}', 6, None),  # a lone tombstone: no position
+    ]
+    out = [(t, c.key, c.kind, c.pos, c.row, c.missing) for t, c in last_changes(rows)]
+    assert out == [
+        ("p.public.t", '{"id":1}', "u", position(11, 11), {"id": 1, "body": "long", "n": 1}, ()),
+        ("p.public.t", '{"id":2}', "u", position(12, 12), {"id": 2, "body": unchanged, "n": 5}, ("body",)),
+        ("p.public.t", '{"id":3}', "d", position(13, 13), None, ()),
+        ("p.public.t", '{"id":4}', "d", "", None, ()),
+    ]
+
+
+def test_cache_keys_positions_and_urls() -> None:
+    from sinks.cache import canonical_key, display_url, position
+
+    assert canonical_key('{"schema":{"type":"struct"},"payload":{"tenant":"a","id":7}}') == '{"tenant":"a","id":7}'
+    assert canonical_key('{"id": 42}') == '{"id":42}'
+    assert position(0x16B3748, 2) < position(0x16B3748, 10) < position(0x1_0000_0000, 0)
+    assert position(None, None) == ""
+    assert display_url("rediss://app:p%40ss@cache.internal:6380/2") == "rediss://app:***@cache.internal:6380/2"
+    assert display_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"

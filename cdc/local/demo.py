@@ -2,7 +2,8 @@
 
 Starts a throwaway PostgreSQL with logical WAL and a local Apache Kafka (KRaft, its jars
 fetched once from Maven Central), runs `cdc run` against them, writes rows (inserts, an
-update, a delete, a key change) and prints the events as they land in the compacted topics.
+update, a delete, a key change) and prints the events as they land in the compacted topics,
+then runs the Spark sink jobs (`--once`) into a Delta warehouse and a local Redis cache.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import psycopg
 from cdc.config import TopicConfig
 from cdc.local.kafka import LocalKafka
 from cdc.local.postgres import LocalPostgres
+from cdc.local.redis import LocalRedis
 from cdc.naming import topic_name
 from compaction.reader import read_topic
 from compaction.table import build, payload_of
@@ -66,12 +68,23 @@ os._exit(0)
 """
 
 
+def _show_cache(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    for table in ("customers", "orders"):
+        topic = topic_name(PREFIX, "public", table)
+        for key in sorted(client.scan_iter(match=f"{topic}:*")):
+            click.echo(f"  GET '{key.decode()}' -> {client.get(key).decode()}")  # type: ignore[union-attr]
+
+
 def run_demo(workdir: Path | None, keep: bool) -> None:
     base = Path(workdir or tempfile.mkdtemp(prefix="cdc-demo-"))
     base.mkdir(parents=True, exist_ok=True)
-    _step(f"starting PostgreSQL (wal_level=logical) and Apache Kafka (KRaft) under {base}")
+    _step(f"starting PostgreSQL (wal_level=logical), Apache Kafka (KRaft) and Redis under {base}")
     pg = LocalPostgres(base / "postgres").start()
     broker = LocalKafka(base / "broker").start()
+    cache = LocalRedis(base / "redis").start()
     daemon: subprocess.Popen | None = None
     try:
         dsn = pg.dsn()
@@ -151,6 +164,15 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
                 capture_output=True, text=True,
             )
             click.echo(f"  current/public/{table} (read with delta-rs): {rows.stdout.strip() or rows.stderr[-500:]}")
+        _step("cdc sink cache --once (a Spark job): the topics into Redis, GET <topic>:<key JSON> = the row")
+        env["CDC_CACHE_URL"] = cache.url
+        sink = subprocess.run(
+            [sys.executable, "-m", "cdc", "sink", "cache", "--once"], env=env, capture_output=True, text=True, cwd=base,
+        )
+        if sink.returncode != 0:
+            raise click.ClickException("the sink failed:\n" + sink.stderr[-2000:])
+        click.echo(f"  {sink.stdout.strip()}")
+        _show_cache(cache.url)
         _step("cdc status")
         status = subprocess.run([sys.executable, "-m", "cdc", "status"], env=env, capture_output=True, text=True)
         click.echo(status.stdout or status.stderr)
@@ -167,6 +189,7 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
         if daemon is not None and daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(60)
+        cache.stop()
         broker.stop()
         pg.close()  # stops the server and removes a cluster that had to live outside `base`
     _step(f"done: logs in {base}")
