@@ -1,7 +1,7 @@
 """Measure the Spark sink jobs against Spark's own read ceiling, in one run on one machine.
 
     python bench/sinks.py [--changes 1000000] [--tables 4] [--max-offsets 200000,1000000]
-                          [--stores delta] [--fresh-rate 1000] [--fresh-seconds 45]
+                          [--stores delta,cache] [--fresh-rate 1000] [--fresh-seconds 45]
                           [--skip-freshness] [--driver-memory 2g] [--keep]
 
 It starts its own throwaway PostgreSQL (fsync off, synchronous_commit off) and Apache Kafka
@@ -18,10 +18,11 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    trigger into a foreachBatch that only counts, on local[2], in a child process (one
    SparkContext per process). Timed from the query's start to its end; the session (JVM)
    start is reported apart.
-3. Apply, per store (--stores; issue 11 adds search and cache as further phases): the sink
+3. Apply, per store (--stores: delta, cache; the search index comes as a further phase): the sink
    job (sinks.job.run with the store of sinks.runner.make_store: what `cdc sink <store>
    --once` runs) with a fresh checkpoint and a fresh store, in a child process, timed the
-   same way; then the store is checked (Delta: current/changes/history row counts).
+   same way; then the store is checked (Delta: current/changes/history row counts; cache:
+   the rows under the topics' keys). The cache gets a Redis started here, a database per run.
    Phases 2 and 3 run once per --max-offsets value; the ratio is apply / ceiling at the
    same value.
 4. Freshness, per store: `cdc run` and `cdc sink <store>` (streaming, [spark]
@@ -31,7 +32,8 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    so every micro-batch also MERGEs into the big tables); the client time after each
    marker's COMMIT is its commit time. A reader child polls the store (Delta: the
    `_delta_log` of `current/public/zz_fresh` and the ids of its live files, read with
-   pyarrow, since delta-rs 1.6.6 refuses these tables) every --poll-ms and records when
+   pyarrow, since delta-rs 1.6.6 refuses these tables; cache: GETs of the next markers'
+   keys) every --poll-ms and records when
    each marker first appears: visible - commit, p50/p99.
 
 CPU of a Spark phase = that of the child's process group (the Python driver and the JVM it
@@ -976,7 +978,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tables", type=int, default=4, help="backlog tables (default 4)")
     parser.add_argument("--max-offsets", default="200000,1000000",
                         help="comma-separated [spark] max_offsets_per_trigger values: a ceiling and an apply run each")
-    parser.add_argument("--stores", default="delta", help=f"comma-separated stores: {', '.join(STORES)}")
+    parser.add_argument("--stores", default="delta,cache", help=f"comma-separated stores: {', '.join(STORES)}")
     parser.add_argument("--driver-memory", help="spark.driver.memory of the ceiling and apply runs (default Spark's 1g)")
     parser.add_argument("--spark-timeout", type=float, default=3600,
                         help="a ceiling or apply child running longer is killed and reported (default 3600 s)")

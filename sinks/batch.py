@@ -3,7 +3,8 @@
 The rules every store shares (DESIGN.md, derived stores): events are decoded with the
 table version in force at their commit LSN; per key, offset order is position order, so
 the last change of a key is its highest offset; a tombstone deletes its key; a truncate
-deletes every older row of its table. Stores get typed rows and never parse JSON.
+deletes every older row of its table. Stores of typed columns get a TableBatch (typed
+rows, never JSON); stores of the events' JSON get a ChangeBatch (every table at once).
 """
 
 from __future__ import annotations

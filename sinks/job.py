@@ -1,10 +1,12 @@
 """A sink job: one Structured Streaming query from the table topics into one store.
 
 Per micro-batch (on the driver; the work runs on the executors): decode the records,
-send what cannot be decoded to the dead-letter topic, split by table, decode each event
-with its table version, let the store apply each table, then record the progress in LSN
-terms. Offsets live in the Spark checkpoint, which advances only after the batch
-function returned: a batch whose store write failed is read again.
+send what cannot be decoded to the dead-letter topic, then either split by table, decode
+each event with its table version and let a store of typed columns apply each table
+(Delta), or hand every table's events to a store of the events' JSON in one pass (the
+cache); last, record the progress in LSN terms. Offsets live in the Spark checkpoint,
+which advances only after the batch function returned: a batch whose store write failed
+is read again.
 """
 
 from __future__ import annotations
@@ -174,7 +176,7 @@ class SinkJob:
                 with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
                     list(pool.map(lambda w: self._apply(store, registry, *w), work))
             written_at = time.monotonic()
-            self.store.done()
+            store.done()
             applied = {topic: stat["high"] for topic, stat, _ in work if stat["high"] is not None}
             self._record(batch_id, applied, beat)
             ended = time.monotonic()
