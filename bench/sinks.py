@@ -106,6 +106,7 @@ UPDATE {t} SET name = substr(md5(random()::text) || name, 1, 32), amount = amoun
 WHERE id = ANY(%s)"""
 UPDATE_ONE = "UPDATE {t} SET amount = amount + 0.01, at = clock_timestamp(), qty = qty + 1 WHERE id = %s"
 INSERT_MARKER = f"INSERT INTO {FRESH_TABLE} (id, note, at) VALUES (%s, 'marker', clock_timestamp())"
+MARKER_RANGE = 10_000_000  # the markers of freshness phase k are k * MARKER_RANGE + 1, 2, ...; warm-up ones negative
 KIND_LINE = re.compile(r"sinks\.delta DEBUG (\S+): ((?:\w+ [0-9.]+ s(?:, )?)+)")
 BATCH_LINE = re.compile(r"batch (\d+): (\d+) records of (\d+) tables in ([0-9.]+) s")
 
@@ -138,9 +139,9 @@ class StoreBench:
         """What `check` should find after applying the backlog."""
         return {}
 
-    def visible(self, config_path: str) -> Any:
+    def visible(self, config_path: str, base: int) -> Any:
         """In the reader child: a callable returning the marker ids visible now (None: nothing
-        new since the last call)."""
+        new since the last call); this phase's are base+1, base+2, ... and -(base+1) ..."""
         raise NotImplementedError
 
 
@@ -234,7 +235,7 @@ class DeltaBench(StoreBench):
         w = bench.workload
         return {"current": w.inserts, "changes": w.inserts + w.updates, "history": w.inserts + w.updates}
 
-    def visible(self, config_path: str) -> Any:
+    def visible(self, config_path: str, base: int) -> Any:
         from cdc.config import load as load_config
         from sinks.delta import table_path
 
@@ -287,19 +288,19 @@ class CacheBench(StoreBench):
     def expected(self, bench: SinksBench) -> dict[str, Any]:
         return {"rows": bench.workload.inserts}
 
-    def visible(self, config_path: str) -> Any:
-        """GETs of the next markers (ids count up from 1; the warm-up ones are negative)."""
+    def visible(self, config_path: str, base: int) -> Any:
+        """GETs of the next markers (ids count up from base + 1; the warm-up ones are negative)."""
         import redis
 
         from cdc.config import load as load_config
 
         client = redis.Redis.from_url(load_config(config_path).cache.url)
         topic = topic_name(PREFIX, "public", FRESH_TABLE)
-        first = 1  # every marker below it was seen
+        first = base + 1  # every marker below it was seen
 
         def poll() -> tuple[list[int], float]:
             nonlocal first
-            ids = [*range(-5, 0), *range(first, first + 5000)]
+            ids = [*range(-(base + 5), -base), *range(first, first + 5000)]
             now = time.time()
             found = [i for i, v in zip(ids, client.mget([f'{topic}:{{"id":{i}}}' for i in ids]), strict=True) if v]
             seen = set(found)
@@ -618,7 +619,8 @@ class SinksBench(Bench):
                                     cwd=self.workdir / name)
         ctx = multiprocessing.get_context("spawn")
         parent, child_end = ctx.Pipe()
-        reader = ctx.Process(target=reader_child, args=(child_end, store.name, str(config), a.poll_ms / 1000),
+        base = MARKER_RANGE * len(self.fresh)  # this phase's marker ids: the table keeps the earlier phases'
+        reader = ctx.Process(target=reader_child, args=(child_end, store.name, str(config), a.poll_ms / 1000, base),
                              name=f"bench-{store.name}-reader")
         self.procs.child(reader)
         reader.start()
@@ -627,7 +629,7 @@ class SinksBench(Bench):
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 for warm in range(1, 6):  # negative ids: not measured
-                    conn.execute(INSERT_MARKER, (-warm,))
+                    conn.execute(INSERT_MARKER, (-(base + warm),))
                 deadline = time.monotonic() + 900
                 while not parent.poll(0.5):
                     if sink.poll() is not None:
@@ -642,11 +644,11 @@ class SinksBench(Bench):
                 result.startup_s = time.monotonic() - t_sink
                 self.log(f"freshness: sink streaming, warm-up visible {result.startup_s:.0f} s after its start")
                 time.sleep(2)
-                result.transactions, result.seconds, commits = self.paced_writes(conn, sink, result)
+                result.transactions, result.seconds, commits = self.paced_writes(conn, sink, result, base)
             result.markers = len(commits)
             self.log(f"freshness: offered {result.transactions:,} transactions in {result.seconds:.1f} s "
                      f"({result.achieved_tps:,.0f}/s); waiting for the last markers")
-            parent.send({"wait_for": max(commits) if commits else 0, "timeout": a.drain_seconds})
+            parent.send({"wait_for": len(commits), "timeout": a.drain_seconds})
             done = recv(parent, reader, a.drain_seconds + 120)
             if done.get("error"):
                 raise BenchError(f"reader: {done['error']}")
@@ -682,7 +684,7 @@ class SinksBench(Bench):
                      f"{result.missing} missing")
 
     def paced_writes(self, conn: psycopg.Connection, sink: subprocess.Popen,
-                     result: Freshness) -> tuple[int, float, dict[int, float]]:
+                     result: Freshness, base: int) -> tuple[int, float, dict[int, float]]:
         """--fresh-rate single-row autocommit transactions/s; even ones insert a marker."""
         a = self.args
         rng = random.Random(a.seed + 1)
@@ -701,8 +703,8 @@ class SinksBench(Bench):
                 time.sleep(due - now)
             if sent % 2 == 0 or not updates:
                 marker += 1
-                execute(INSERT_MARKER, (marker,))
-                commits[marker] = time.time()
+                execute(INSERT_MARKER, (base + marker,))
+                commits[base + marker] = time.time()
             else:
                 sql, top = updates[rng.randrange(len(updates))]
                 execute(sql, (rng.randint(1, top),))
@@ -857,12 +859,17 @@ class SinksBench(Bench):
 # --------------------------------------------------------------------------- children
 
 
-def reader_child(conn: Any, store_name: str, config_path: str, poll_s: float) -> None:
-    """Poll the store; report the first warm-up sighting, then every marker's first-seen time."""
+def reader_child(conn: Any, store_name: str, config_path: str, poll_s: float, base: int) -> None:
+    """Poll the store; report the first warm-up sighting, then every marker's first-seen time
+    (this phase's markers only: ids base+1, base+2, ...; warm-up ones -(base+1) ...)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     seen: dict[int, float] = {}
+
+    def mine(i: int) -> bool:
+        return base < abs(i) <= base + MARKER_RANGE
+
     try:
-        poll = STORES[store_name]().visible(config_path)
+        poll = STORES[store_name]().visible(config_path, base)
         warm = False
         wait_for, deadline = None, None
         while True:
@@ -876,9 +883,9 @@ def reader_child(conn: Any, store_name: str, config_path: str, poll_s: float) ->
             if got is not None:
                 ids, now = got
                 for i in ids:
-                    if i not in seen:
+                    if i not in seen and mine(i):
                         seen[i] = now
-                if not warm and any(i < 0 for i in ids):
+                if not warm and any(i < 0 and mine(i) for i in ids):
                     warm = True
                     conn.send({"warm": now})
             if wait_for is not None and deadline is not None:
