@@ -21,7 +21,7 @@ from compaction.reader import read_topic
 from compaction.table import build
 from sinks.cache import GUARD, canonical_key, display_url, position
 from tests.support import Sink, cdc, wait_caught_up, write_config
-from tests.test_sink_delta import ROW_1, ROW_2, WIDE
+from tests.test_sink_delta import CHANGES, SEED
 
 # a body PostgreSQL stores out of line (TOAST): incompressible and over 2 kB
 BIG = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 200))"
@@ -68,10 +68,8 @@ def _from_topics(servers: str, prefix: str, tables: list[str]) -> dict[str, Any]
 def test_the_cache_follows_the_source_and_a_replay_changes_nothing(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, redis_server: LocalRedis
 ) -> None:
-    db.execute(WIDE)
-    db.execute(ROW_1)
-    db.execute(ROW_2)
-    db.execute("""INSERT INTO public."Odd Name" VALUES ('k1', 1, 'ä'), ('k2', 2, 'ö')""")
+    for sql in SEED:
+        db.execute(sql)
     db.execute("CREATE TABLE public.doc (id int PRIMARY KEY, body text, n int)")  # REPLICA IDENTITY DEFAULT
     db.execute(f"INSERT INTO public.doc VALUES (1, {BIG}, 0), (2, {BIG}, 0)")
     daemon, slot = run_daemon(["public.*"])
@@ -92,15 +90,8 @@ def test_the_cache_follows_the_source_and_a_replay_changes_nothing(
 
     # updates, a delete, a key change, ADD COLUMN, a truncate; unchanged TOASTed values
     # from the cache (doc 1) and from the batch (doc 2)
-    db.execute("UPDATE public.wide SET t = 'one', n = 99.99, ia = '{7}' WHERE id = 1")
-    db.execute("INSERT INTO public.wide (id, t) VALUES (3, 'three'), (4, 'four')")
-    db.execute("DELETE FROM public.wide WHERE id = 2")
-    db.execute("UPDATE public.wide SET id = 40 WHERE id = 4")
-    db.execute("ALTER TABLE public.wide ADD COLUMN extra numeric(6, 1)")
-    db.execute("INSERT INTO public.wide (id, t, extra) VALUES (5, 'five', 12.5)")
-    db.execute("""UPDATE public."Odd Name" SET "a b" = 20 WHERE "Key" = 'k2'""")
-    db.execute("""TRUNCATE public."Odd Name" """)
-    db.execute("""INSERT INTO public."Odd Name" VALUES ('k3', 3, 'ß')""")
+    for sql in CHANGES:
+        db.execute(sql)
     db.execute("UPDATE public.doc SET n = 1 WHERE id = 1")
     db.execute(f"UPDATE public.doc SET body = {BIG} WHERE id = 2")
     db.execute("UPDATE public.doc SET n = 2 WHERE id = 2")

@@ -67,6 +67,21 @@ ROW_1 = """INSERT INTO public.wide VALUES (1, true, 12, 9000000000, 1.5, 2.25, 1
 ROW_2 = """INSERT INTO public.wide (id, t, d, ts, tsz, f8, n) VALUES
     (2, 'two', '-infinity', 'infinity', 'infinity', 'NaN', 0.01)"""
 
+SEED = (WIDE, ROW_1, ROW_2, """INSERT INTO public."Odd Name" VALUES ('k1', 1, 'ä'), ('k2', 2, 'ö')""")
+# streaming: updates, a delete, a key change, ADD COLUMN, a truncate
+CHANGES = (
+    "UPDATE public.wide SET t = 'one', n = 99.99, ia = '{7}' WHERE id = 1",
+    "INSERT INTO public.wide (id, t) VALUES (3, 'three'), (4, 'four')",
+    "DELETE FROM public.wide WHERE id = 2",
+    "UPDATE public.wide SET id = 40 WHERE id = 4",
+    "ALTER TABLE public.wide ADD COLUMN extra numeric(6, 1)",
+    "INSERT INTO public.wide (id, t, extra) VALUES (5, 'five', 12.5)",
+    "UPDATE public.wide SET extra = 1.5 WHERE id = 1",
+    """UPDATE public."Odd Name" SET "a b" = 20 WHERE "Key" = 'k2'""",
+    """TRUNCATE public."Odd Name" """,
+    """INSERT INTO public."Odd Name" VALUES ('k3', 3, 'ß')""",
+)
+
 # What a user checks of every column: PostgreSQL and Delta projected to the same Python values.
 PG_VIEW = """
 SELECT id, b, i2, i8, f4, f8::text, n, nu::text, m::numeric::text, t, vc, bp, u::text, j::text,
@@ -147,10 +162,8 @@ def _source_view(db: Any) -> list[tuple]:
 def test_current_changes_and_history_follow_the_source(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, spark: SparkSession
 ) -> None:
-    db.execute(WIDE)
-    db.execute(ROW_1)
-    db.execute(ROW_2)
-    db.execute("""INSERT INTO public."Odd Name" VALUES ('k1', 1, 'ä'), ('k2', 2, 'ö')""")
+    for sql in SEED:
+        db.execute(sql)
     daemon, slot = run_daemon(["public.*"])
     config = _config(tmp_path, db, broker_servers, topic_prefix)
     sink = Sink(config, tmp_path / "sink.log")
@@ -162,16 +175,8 @@ def test_current_changes_and_history_follow_the_source(
     assert _current_view(spark, warehouse) == _source_view(db)
 
     # streaming: updates, a delete, a key change, a truncate, ADD and DROP COLUMN
-    db.execute("UPDATE public.wide SET t = 'one', n = 99.99, ia = '{7}' WHERE id = 1")
-    db.execute("INSERT INTO public.wide (id, t) VALUES (3, 'three'), (4, 'four')")
-    db.execute("DELETE FROM public.wide WHERE id = 2")
-    db.execute("UPDATE public.wide SET id = 40 WHERE id = 4")
-    db.execute("ALTER TABLE public.wide ADD COLUMN extra numeric(6, 1)")
-    db.execute("INSERT INTO public.wide (id, t, extra) VALUES (5, 'five', 12.5)")
-    db.execute("UPDATE public.wide SET extra = 1.5 WHERE id = 1")
-    db.execute("""UPDATE public."Odd Name" SET "a b" = 20 WHERE "Key" = 'k2'""")
-    db.execute("""TRUNCATE public."Odd Name" """)
-    db.execute("""INSERT INTO public."Odd Name" VALUES ('k3', 3, 'ß')""")
+    for sql in CHANGES:
+        db.execute(sql)
     wait_caught_up(db.dsn, slot, daemon)
     sink.once()
     db.execute("ALTER TABLE public.wide DROP COLUMN vc")
