@@ -28,7 +28,7 @@ from pyspark.sql import Row
 
 from cdc.config import CacheConfig
 from sinks.batch import ChangeBatch
-from sinks.shapes import PLACEHOLDER_BYTES, TOAST_PLACEHOLDER
+from sinks.shapes import UNAVAILABLE_FORMS
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +86,8 @@ redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
 return 1
 """
 
-_PLACEHOLDERS = (
-    TOAST_PLACEHOLDER, PLACEHOLDER_BYTES, [TOAST_PLACEHOLDER], [PLACEHOLDER_BYTES],
-    {TOAST_PLACEHOLDER: TOAST_PLACEHOLDER},
-)
+# the unchanged-TOAST forms as values of the parsed `after` (sinks.shapes has them as JSON text)
+_PLACEHOLDERS = tuple(orjson.loads(text) if text.startswith(("[", "{")) else text for text in UNAVAILABLE_FORMS)
 
 
 def position(lsn: int | None, seq: int | None) -> str:
@@ -161,11 +159,8 @@ def check_reachable(config: CacheConfig) -> None:
         raise ConfigError(
             f"Redis at {display_url(config.url)} refused the password: fix [cache] password (or the URL's)"
         ) from None
-    except redis.RedisError as exc:
+    except redis.RedisError as exc:  # its text goes out through the CLI's redaction, like every error
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        for secret in (config.password, urlsplit(config.url).password):
-            if secret:
-                first = first.replace(secret, "***")
         raise ConfigError(
             f"cannot reach Redis at {display_url(config.url)} ({first}): start it, or fix [cache] url"
         ) from None

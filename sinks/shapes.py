@@ -36,12 +36,12 @@ from pyspark.sql.types import (
 )
 
 TOAST_PLACEHOLDER = "__debezium_unavailable_value"
-PLACEHOLDER_BYTES = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="
+_PLACEHOLDER_BYTES = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="
 #: What an unchanged TOASTed value is in an event (as Debezium renders it, cdc.events.changes):
 #: the string, base64 of it for bytea, a one-element list for arrays of strings or bytes, a
 #: one-pair object for hstore; as JSON text, the way the decoder sees a column's value.
-_UNAVAILABLE = (
-    TOAST_PLACEHOLDER, PLACEHOLDER_BYTES, f'["{TOAST_PLACEHOLDER}"]', f'["{PLACEHOLDER_BYTES}"]',
+UNAVAILABLE_FORMS = (
+    TOAST_PLACEHOLDER, _PLACEHOLDER_BYTES, f'["{TOAST_PLACEHOLDER}"]', f'["{_PLACEHOLDER_BYTES}"]',
     f'{{"{TOAST_PLACEHOLDER}":"{TOAST_PLACEHOLDER}"}}',
 )
 
@@ -238,4 +238,4 @@ def decode(raw: Column, connect: dict[str, Any], target: DataType) -> tuple[Colu
 
 def unavailable(raw: Column) -> Column:
     """True where the event says "unchanged TOASTed value, not sent"."""
-    return raw.isin(*_UNAVAILABLE)
+    return raw.isin(*UNAVAILABLE_FORMS)
