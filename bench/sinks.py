@@ -1,7 +1,7 @@
 """Measure the Spark sink jobs against Spark's own read ceiling, in one run on one machine.
 
     python bench/sinks.py [--changes 1000000] [--tables 4] [--max-offsets 200000,1000000]
-                          [--stores delta,cache] [--fresh-rate 1000] [--fresh-seconds 45]
+                          [--stores delta,search,cache] [--fresh-rate 1000] [--fresh-seconds 45]
                           [--skip-freshness] [--driver-memory 2g] [--keep]
 
 It starts its own throwaway PostgreSQL (fsync off, synchronous_commit off) and Apache Kafka
@@ -18,11 +18,13 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    trigger into a foreachBatch that only counts, on local[2], in a child process (one
    SparkContext per process). Timed from the query's start to its end; the session (JVM)
    start is reported apart.
-3. Apply, per store (--stores: delta, cache; the search index comes as a further phase): the sink
+3. Apply, per store (--stores: delta, search, cache): the sink
    job (sinks.job.run with the store of sinks.runner.make_store: what `cdc sink <store>
    --once` runs) with a fresh checkpoint and a fresh store, in a child process, timed the
    same way; then the store is checked (Delta: current/changes/history row counts; cache:
-   the rows under the topics' keys). The cache gets a Redis started here, a database per run.
+   the rows under the topics' keys; search: the documents counted through the aliases).
+   The cache gets a Redis started here, a database per run; the search index an
+   OpenSearch started here, the prefix's indexes deleted before each run.
    Phases 2 and 3 run once per --max-offsets value; the ratio is apply / ceiling at the
    same value.
 4. Freshness, per store: `cdc run` and `cdc sink <store>` (streaming, [spark]
@@ -33,7 +35,8 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    marker's COMMIT is its commit time. A reader child polls the store (Delta: the
    `_delta_log` of `current/public/zz_fresh` and the ids of its live files, read with
    pyarrow, since delta-rs 1.6.6 refuses these tables; cache: GETs of the next markers'
-   keys) every --poll-ms and records when
+   keys; search: an `ids` search for them, so visible means searchable, after a refresh)
+   every --poll-ms and records when
    each marker first appears: visible - commit, p50/p99.
 
 CPU of a Spark phase = that of the child's process group (the Python driver and the JVM it
@@ -60,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 from capture import (
     PG_SETTINGS,
@@ -311,7 +315,76 @@ class CacheBench(StoreBench):
         return poll
 
 
-STORES: dict[str, type[StoreBench]] = {"delta": DeltaBench, "cache": CacheBench}
+class SearchBench(StoreBench):
+    """OpenSearch, started by the bench on first use; each run dir starts from none of the
+    prefix's indexes (the runs share the topics, so their aliases)."""
+
+    name = "search"
+    apply_target = 0.4
+    fresh_target_s = 3.0
+
+    def __init__(self) -> None:
+        self.node: Any = None
+
+    def sections(self, run_dir: Path) -> dict[str, dict[str, Any]]:
+        from cdc.config import SearchConfig
+        from cdc.local.opensearch import LocalOpenSearch
+        from sinks.search import Settings
+        from sinks.search_shapes import alias_name
+
+        if self.node is None:
+            self.node = LocalOpenSearch(run_dir.parent / "opensearch").start()
+        section = {"url": self.node.url, "replicas": 0}
+        client = Settings.of(SearchConfig(url=self.node.url)).client()
+        for row in client.ok("GET", f"/_cat/indices/{alias_name(PREFIX)}*?format=json&expand_wildcards=all"):
+            client.ok("DELETE", f"/{row['index']}")
+        return {"search": section}
+
+    @staticmethod
+    def _client(config_path: str) -> Any:
+        from cdc.config import load as load_config
+        from sinks.search import Settings
+
+        return Settings.of(load_config(config_path).search).client()
+
+    def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
+        from sinks.search_shapes import alias_name
+
+        client = self._client(str(config_path))
+        client.ok("POST", "/_refresh")
+        return {"rows": sum(client.ok("GET", f"/{alias_name(t)}/_count")["count"] for t in topics)}
+
+    def expected(self, bench: SinksBench) -> dict[str, Any]:
+        return {"rows": bench.workload.inserts}
+
+    def visible(self, config_path: str, base: int) -> Any:
+        """A search for the next markers by _id: visible means searchable (refreshed), not
+        merely stored."""
+        from sinks.search_shapes import alias_name
+
+        client = self._client(config_path)
+        alias = alias_name(topic_name(PREFIX, "public", FRESH_TABLE))
+        first = base + 1  # every marker below it was seen
+
+        def poll() -> tuple[list[int], float] | None:
+            nonlocal first
+            ids = [*range(-(base + 5), -base), *range(first, first + 5000)]
+            now = time.time()
+            status, answer = client.request("POST", f"/{alias}/_search", {
+                "query": {"ids": {"values": [f'{{"id":{i}}}' for i in ids]}}, "size": len(ids), "_source": False,
+            })
+            if status != 200:
+                return None  # the index is not there yet
+            found = [int(orjson.loads(hit["_id"])["id"]) for hit in answer["hits"]["hits"]]
+            seen = set(found)
+            while first in seen:
+                first += 1
+            return found, now
+
+        return poll
+
+
+STORES: dict[str, type[StoreBench]] = {"delta": DeltaBench, "search": SearchBench, "cache": CacheBench}
 
 
 # --------------------------------------------------------------------------- results
@@ -985,7 +1058,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tables", type=int, default=4, help="backlog tables (default 4)")
     parser.add_argument("--max-offsets", default="200000,1000000",
                         help="comma-separated [spark] max_offsets_per_trigger values: a ceiling and an apply run each")
-    parser.add_argument("--stores", default="delta,cache", help=f"comma-separated stores: {', '.join(STORES)}")
+    parser.add_argument("--stores", default="delta,search,cache", help=f"comma-separated stores: {', '.join(STORES)}")
     parser.add_argument("--driver-memory", help="spark.driver.memory of the ceiling and apply runs (default Spark's 1g)")
     parser.add_argument("--spark-timeout", type=float, default=3600,
                         help="a ceiling or apply child running longer is killed and reported (default 3600 s)")

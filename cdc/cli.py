@@ -235,8 +235,8 @@ def show_config(config: Config, table: bool) -> None:
               help="Print the spark-submit line for [spark] master (its code archive and launcher go to ./); run nothing.")
 @_with_config
 def sink(config: Config, store: str, once: bool, in_driver: bool, print_submit: bool) -> None:
-    """Run a Spark sink job: STORE is `delta` (the warehouse under [delta] path) or `cache`
-    (Redis at [cache] url).
+    """Run a Spark sink job: STORE is `delta` (the warehouse under [delta] path), `search`
+    (OpenSearch at [search] url) or `cache` (Redis at [cache] url).
 
     With [spark] master = local[N] the job runs in this process; with spark://host:port
     it is submitted to that cluster. It streams until SIGTERM/SIGINT, which let the

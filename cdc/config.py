@@ -178,6 +178,18 @@ def _check_cache_url(where: str, value: str) -> None:
         raise ConfigError(f"{where} is not a Redis URL: use redis://host:port/db or rediss:// for TLS")
 
 
+def _check_search_url(where: str, value: str) -> None:
+    from urllib.parse import urlsplit
+
+    try:
+        url = urlsplit(value)
+        url.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError as exc:
+        raise ConfigError(f"{where} is not an HTTP URL ({exc}): use http://host:9200 or https://") from None
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ConfigError(f"{where} is not an HTTP URL: use http://host:9200 or https:// for TLS")
+
+
 def _check_host(where: str, value: str) -> None:
     _not_blank(where, value, "set it to the address to bind, e.g. 127.0.0.1")
 
@@ -392,6 +404,32 @@ class CacheConfig:
     )
 
 
+@dataclass
+class SearchConfig:
+    """`[search]`: the OpenSearch index (`cdc sink search`)."""
+
+    url: str = opt(
+        "http://127.0.0.1:9200", "OpenSearch's REST endpoint, `https://` for TLS; a password in it never reaches "
+        "any output line", secret=_url_secrets, check=_check_search_url,
+    )
+    username: str = opt("", "HTTP basic auth user, if not in the URL", optional=True)
+    password: str = opt("", "HTTP basic auth password, if not in the URL; never in any output", optional=True,
+                        secret=True)
+    tls_cafile: str = opt("", "with `https://`: CA certificates (PEM) to verify the server", optional=True)
+    refresh: str = opt(
+        "batch", "when writes become searchable: `batch` (one refresh of the batch's indexes after its writes), "
+        "`false` (the index's refresh interval, 1 s by default), or the bulk requests' `wait_for` or `true`",
+        choices=("batch", "false", "wait_for", "true"),
+    )
+    bulk_bytes: int = opt(5 * 1024 * 1024, "largest `_bulk` request body, in bytes", low=1024)
+    shards: int = opt(1, "primary shards of a new index", low=1, high=1024)
+    replicas: int = opt(1, "replicas of a new index (0 on a one-node cluster keeps it green)", low=0, high=32)
+    marker_ttl_s: int = opt(
+        7 * 86400, "how long a delete marker (a deleted row's position) lives: longer than any replay "
+        "(a checkpoint deleted, a job stopped) may take to reach the delete", low=1,
+    )
+
+
 SNAPSHOT_MODES = ("initial", "never", "initial_only", "when_needed")
 
 
@@ -404,6 +442,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     delta: DeltaConfig = field(default_factory=DeltaConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
 
     def validate(self) -> Config:

@@ -98,6 +98,18 @@ class Redactor:
 _active = Redactor([])
 
 
+def display_url(url: str) -> str:
+    """A service URL (Redis, OpenSearch) without its password, for messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def redact(text: str) -> str:
     """`text` without any secret of the installed configuration (and no DSN password)."""
     return _active(text)

@@ -64,8 +64,15 @@ class ChangeBatch:
 
     #: the good change rows of the batch's tables (CHANGE_COLUMNS), truncate events included
     rows: DataFrame
-    #: topic -> its truncates in the batch, (commit LSN, change LSN, commit time in ms), in order
+    #: topic -> its truncates in the batch, (commit LSN, change LSN, commit time in ms), in
+    #: order; every table of the batch is a key
     truncates: dict[str, list[tuple[int, int, int]]]
+    #: the table versions (stores of the events' JSON need them for a mapping, not to decode)
+    registry: Registry
+
+    @property
+    def topics(self) -> list[str]:
+        return sorted(self.truncates)
 
     def changes(self) -> DataFrame:
         """The rows without truncate events and without rows an own-table truncate of the

@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 from pyspark.sql import Row
 
 from cdc.config import CacheConfig
+from cdc.redact import display_url
 from sinks.batch import ChangeBatch
-from sinks.shapes import UNAVAILABLE_FORMS
+from sinks.latest import COLUMNS, Change, last_changes, position
 
 log = logging.getLogger(__name__)
 
@@ -86,33 +86,6 @@ redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
 return 1
 """
 
-# the unchanged-TOAST forms as values of the parsed `after` (sinks.shapes has them as JSON text)
-_PLACEHOLDERS = tuple(orjson.loads(text) if text.startswith(("[", "{")) else text for text in UNAVAILABLE_FORMS)
-
-
-def position(lsn: int | None, seq: int | None) -> str:
-    """A position as text that orders like (commit LSN, change LSN); '' when unknown."""
-    return "" if lsn is None or seq is None else f"{lsn:016x}{seq:016x}"
-
-
-def canonical_key(raw: str) -> str:
-    """The key's canonical JSON: the record key, or its payload when it carries a schema."""
-    key = orjson.loads(raw)
-    if isinstance(key, dict) and key.keys() == {"schema", "payload"}:
-        key = key["payload"]
-    return orjson.dumps(key).decode()
-
-
-def display_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 @dataclass(frozen=True)
 class Settings:
     """What an executor needs to write (picklable: it travels with the partition function)."""
@@ -164,52 +137,6 @@ def check_reachable(config: CacheConfig) -> None:
         raise ConfigError(
             f"cannot reach Redis at {display_url(config.url)} ({first}): start it, or fix [cache] url"
         ) from None
-
-
-@dataclass
-class Change:
-    """The last change of a key in a batch, as the script takes it."""
-
-    key: str
-    kind: str  # u or d
-    pos: str
-    partition: int
-    offset: int
-    row: dict[str, Any] | None = None
-    missing: tuple[str, ...] = ()  # TOASTed columns neither the event nor the batch had
-
-
-def _unavailable(value: Any) -> bool:
-    return any(value == p for p in _PLACEHOLDERS)
-
-
-def last_changes(rows: Iterable[Row]) -> Iterator[tuple[str, Change]]:
-    """Rows sorted by topic, key, offset -> (topic, the last change of each key). An
-    unchanged TOASTed value takes the batch's newest value of its column; a tombstone
-    keeps its d's position."""
-    for (topic, raw), events in itertools.groupby(rows, key=lambda r: (r["_cdc_topic"], r["_cdc_key"])):
-        key = canonical_key(raw)
-        last: Change | None = None
-        for e in events:
-            pos = position(e["_cdc_lsn"], e["_cdc_seq"])
-            if e["_cdc_tombstone"]:
-                known = last.pos if last is not None and last.kind == "d" else ""
-                last = Change(key, "d", known, e["_cdc_partition"], e["_cdc_offset"])
-            elif e["_cdc_op"] == "d":
-                last = Change(key, "d", pos, e["_cdc_partition"], e["_cdc_offset"])
-            else:
-                row = orjson.loads(e["after"])
-                earlier = last.row if last is not None and last.row is not None else {}
-                missing = []
-                for name, value in row.items():
-                    if _unavailable(value):
-                        if name in earlier and name not in (last.missing if last else ()):
-                            row[name] = earlier[name]
-                        else:
-                            missing.append(name)
-                last = Change(key, "u", pos, e["_cdc_partition"], e["_cdc_offset"], row, tuple(missing))
-        if last is not None:
-            yield topic, last
 
 
 def row_key(topic: str, key: str) -> str:
@@ -326,14 +253,11 @@ class CacheStore:
                 "noeviction for a cache that must equal the source", self.where, policy,
             )
 
-    def apply_changes(self, batch: ChangeBatch) -> None:
+    def apply_changes(self, batch: ChangeBatch) -> None:  # Redis takes any row: nothing to reject
         for topic, truncates in batch.truncates.items():
             for lsn, seq, _ in truncates:
                 self._truncate(topic, position(lsn, seq))
-        rows = batch.changes().select(
-            "_cdc_topic", "_cdc_key", "_cdc_op", "_cdc_lsn", "_cdc_seq", "_cdc_partition", "_cdc_offset",
-            "_cdc_tombstone", "after",
-        )
+        rows = batch.changes().select(*COLUMNS)
         # Spark's Kafka source reads each topic partition into one Spark partition (no
         # minPartitions is set) and the job only coalesces them, so a key's changes are
         # already together: sorting within partitions puts them in offset order (the key's

@@ -4,7 +4,7 @@ Per micro-batch (on the driver; the work runs on the executors): decode the reco
 send what cannot be decoded to the dead-letter topic, then either split by table, decode
 each event with its table version and let a store of typed columns apply each table
 (Delta), or hand every table's events to a store of the events' JSON in one pass (the
-cache); last, record the progress in LSN terms. Offsets live in the Spark checkpoint,
+cache, the search index); last, record the progress in LSN terms. Offsets live in the Spark checkpoint,
 which advances only after the batch function returned: a batch whose store write failed
 is read again.
 """
@@ -56,10 +56,11 @@ class TableStore(_Lifecycle, Protocol):
 
 @runtime_checkable
 class ChangeStore(_Lifecycle, Protocol):
-    """A store of the events' JSON (the cache): every table of a batch in one pass, no
-    typed decoding."""
+    """A store of the events' JSON (the cache, the search index): every table of a batch
+    in one pass, no typed decoding. Returns the records the store rejected (the change
+    rows with `_cdc_error` saying why), for the dead-letter topic, or None."""
 
-    def apply_changes(self, batch: ChangeBatch) -> None: ...
+    def apply_changes(self, batch: ChangeBatch) -> DataFrame | None: ...
 
 
 Store = TableStore | ChangeStore
@@ -169,7 +170,10 @@ class SinkJob:
             if isinstance(store, ChangeStore):
                 if work:
                     written = F.col("_cdc_topic").isin(*[topic for topic, _, _ in work])
-                    store.apply_changes(ChangeBatch(good.where(written), {t: s["truncates"] for t, s, _ in work}))
+                    batch = ChangeBatch(good.where(written), {t: s["truncates"] for t, s, _ in work}, registry)
+                    rejected = store.apply_changes(batch)
+                    if rejected is not None:
+                        self._dead_letters([rejected])
             else:
                 # tables in parallel: a table's writes are a chain of small Spark jobs and Delta
                 # commits, mostly waiting; several chains keep the executors busy

@@ -35,7 +35,7 @@ from sinks.spark import build_session, spark_environment, submit_command
 
 log = logging.getLogger(__name__)
 
-STORES = ("delta", "cache")
+STORES = ("delta", "search", "cache")
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cdc", "compaction", "sinks")  # what a sink job imports (never the capture side's C extension)
 ONCE_ATTEMPTS = 3
@@ -62,6 +62,15 @@ def check(config: Config, store: str) -> None:
         from sinks.cache import check_reachable
 
         check_reachable(config.cache)
+    if store == "search":
+        from sinks.search import check_reachable as check_search
+        from sinks.search_shapes import alias_name
+
+        try:
+            alias_name(config.topic.prefix)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        check_search(config.search)
     master = config.spark.master
     if master.startswith("spark://"):
         host, _, port = master.removeprefix("spark://").rpartition(":")
@@ -78,6 +87,10 @@ def make_store(name: str, spark: SparkSession, config: Config) -> Store:
         from sinks.cache import CacheStore
 
         return CacheStore(config.cache, config.topic.prefix)
+    if name == "search":
+        from sinks.search import SearchStore
+
+        return SearchStore(spark, config.search, config.topic.prefix)
     from sinks.delta import DeltaStore
 
     return DeltaStore(spark, config.delta.path)

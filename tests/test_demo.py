@@ -9,7 +9,7 @@ import pytest
 from tests.support import cdc
 
 
-@pytest.mark.integration  # `cdc demo` starts its own PostgreSQL, Kafka and Redis
+@pytest.mark.integration  # `cdc demo` starts its own PostgreSQL, Kafka, OpenSearch and Redis
 def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     result = cdc("demo", "--workdir", str(tmp_path / "demo"), timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -37,3 +37,13 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     }
     assert sorted(k for k in gets if ".orders:" in k) == ['demo.public.orders:{"id":100}', 'demo.public.orders:{"id":200}']
     assert "sink cache: complete up to" in out
+    # and the search index: a document per row, searchable, the deleted order gone
+    docs = dict(line.strip().split(" -> ", 1) for line in out.splitlines() if "/_doc/" in line)
+    assert {k: json.loads(v) for k, v in docs.items() if ".customers/" in k} == {
+        'demo.public.customers/_doc/{"id":1}': {"id": 1, "name": "Ada", "email": "ada@example.com"},
+        'demo.public.customers/_doc/{"id":2}': {"id": 2, "name": "Grace", "email": "grace@example.com"},
+    }
+    assert sorted(k for k in docs if ".orders/" in k) == [
+        'demo.public.orders/_doc/{"id":100}', 'demo.public.orders/_doc/{"id":200}']
+    assert """search customers for email 'example.com': ['{"id":1}', '{"id":2}']""" in out
+    assert "sink search: complete up to" in out

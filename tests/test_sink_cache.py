@@ -17,9 +17,11 @@ import redis
 from cdc.config import CacheConfig, TopicConfig
 from cdc.local.process import free_port
 from cdc.local.redis import LocalRedis
+from cdc.redact import display_url
 from compaction.reader import read_topic
 from compaction.table import build
-from sinks.cache import GUARD, canonical_key, display_url, position
+from sinks.cache import GUARD
+from sinks.latest import canonical_key, position
 from tests.support import Sink, cdc, wait_caught_up, write_config
 from tests.test_sink_delta import CHANGES, SEED
 

@@ -181,7 +181,7 @@ def _event(key: str, offset: int, op: str | None, after: dict | None = None, lsn
 
 
 def test_the_cache_keeps_the_last_change_of_each_key_with_toasted_values_carried() -> None:
-    from sinks.cache import last_changes, position
+    from sinks.latest import last_changes, position
     from sinks.shapes import TOAST_PLACEHOLDER
 
     unchanged = TOAST_PLACEHOLDER
@@ -203,7 +203,8 @@ def test_the_cache_keeps_the_last_change_of_each_key_with_toasted_values_carried
 
 
 def test_cache_keys_positions_and_urls() -> None:
-    from sinks.cache import canonical_key, display_url, position
+    from cdc.redact import display_url
+    from sinks.latest import canonical_key, position
 
     assert canonical_key('{"schema":{"type":"struct"},"payload":{"tenant":"a","id":7}}') == '{"tenant":"a","id":7}'
     assert canonical_key('{"id": 42}') == '{"id":42}'
@@ -211,3 +212,83 @@ def test_cache_keys_positions_and_urls() -> None:
     assert position(None, None) == ""
     assert display_url("rediss://app:p%40ss@cache.internal:6380/2") == "rediss://app:***@cache.internal:6380/2"
     assert display_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+# --------------------------------------------------------------------------- the search index
+
+
+def _column(name: str, pg_type: str, connect: dict, key: bool = False) -> object:
+    from sinks.shapes import ColumnShape
+
+    return ColumnShape(name, pg_type, -1, key, connect)
+
+
+def test_search_aliases_are_the_topic_names_in_an_injective_lowercase_escape() -> None:
+    from sinks.search_shapes import alias_name, index_name, markers_name
+
+    assert alias_name("cdc.public.orders") == "cdc.public.orders"
+    assert alias_name("cdc.public.Odd-20Name") == "cdc.public.-uodd-20-uname"
+    # a topic escape is '-' and two hex digits: '-u' never comes from one
+    assert alias_name("cdc.public.odd-20name") != alias_name("cdc.public.Odd-20Name")
+    assert (index_name("cdc.public.t"), markers_name("cdc.public.t")) == ("cdc.public.t-v1", "cdc.public.t-markers")
+    with pytest.raises(ValueError, match=r"^topic Cdc.public.t gives the index name '-ucdc.public.t', which "
+                                         r"OpenSearch refuses .*: use a \[topic\] prefix that starts with a "
+                                         r"lowercase letter or digit$"):
+        alias_name("Cdc.public.t")
+
+
+def test_search_mapping_follows_the_type_table() -> None:
+    from sinks.search_shapes import DATE, KEYWORD, TEXT, mapping
+    from sinks.shapes import Version
+
+    columns = (
+        _column("id", "int8", {"type": "int64"}, key=True),
+        _column("d", "date", {"type": "int32", "name": "io.debezium.time.Date"}),
+        _column("ts", "timestamp", {"type": "int64", "name": "io.debezium.time.MicroTimestamp"}),
+        _column("tsz", "timestamptz", {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}),
+        _column("tm", "time", {"type": "int64", "name": "io.debezium.time.MicroTime"}),
+        _column("j", "jsonb", {"type": "string", "name": "io.debezium.data.Json"}),
+        _column("ja", "jsonb[]", {"type": "array", "items": {"type": "string", "name": "io.debezium.data.Json"}}),
+        _column("u", "uuid", {"type": "string", "name": "io.debezium.data.Uuid"}),
+        _column("ip", "inet", {"type": "string"}),
+        _column("n", "numeric", {"type": "string"}),
+        _column("f", "float8", {"type": "double"}),
+        _column("t", "text", {"type": "string"}),
+        _column("da", "date[]", {"type": "array", "items": {"type": "int32", "name": "io.debezium.time.Date"}}),
+        _column("by", "bytea", {"type": "bytes"}),
+    )
+    props = mapping(Version("public", "t", "p.public.t", 0, columns))["properties"]
+    assert props == {
+        "id": {"type": "long"}, "d": DATE, "ts": DATE, "tsz": DATE, "tm": {"type": "long"},
+        "j": {"type": "flat_object"}, "ja": TEXT, "u": KEYWORD, "ip": KEYWORD,
+        "n": {"type": "double", "ignore_malformed": True}, "f": {"type": "double", "ignore_malformed": True},
+        "t": TEXT, "da": DATE, "by": {"type": "binary"},
+    }
+    assert mapping(Version("public", "t", "p.public.t", 0, columns[5:6]), "flattened")["properties"] == {
+        "j": {"type": "flattened"}}
+
+
+def test_search_documents_turn_dates_into_iso_text_and_json_into_objects() -> None:
+    from sinks.search_shapes import Documents
+    from sinks.shapes import Version
+
+    columns = (
+        _column("d", "date", {"type": "int32", "name": "io.debezium.time.Date"}),
+        _column("ts", "timestamp", {"type": "int64", "name": "io.debezium.time.MicroTimestamp"}),
+        _column("t3", "timestamp(3)", {"type": "int64", "name": "io.debezium.time.Timestamp"}),
+        _column("j", "jsonb", {"type": "string", "name": "io.debezium.data.Json"}),
+        _column("da", "date[]", {"type": "array", "items": {"type": "int32", "name": "io.debezium.time.Date"}}),
+    )
+    v1 = Version("public", "t", "p.public.t", 0, columns)
+    v2 = Version("public", "t", "p.public.t", 100, (_column("d", "text", {"type": "string"}),))
+    docs = Documents({"p.public.t": [v1, v2]})
+    assert docs.source("p.public.t", 50, {
+        "d": 19782, "ts": 1704164645678901, "t3": 1704164645678, "j": '{"k": [1, 2]}', "da": [0, None, -1],
+    }) == {
+        "d": "2024-02-29", "ts": "2024-01-02T03:04:05.678901", "t3": "2024-01-02T03:04:05.678000",
+        "j": {"k": [1, 2]}, "da": ["1970-01-01", None, "1969-12-31"],
+    }
+    # beyond years 1-9999 (Debezium's infinities): epoch ms; JSON OpenSearch will refuse stays text
+    assert docs.source("p.public.t", 50, {"d": -2**31, "ts": 9223372036825200000, "j": "not json"}) == {
+        "d": -2**31 * 86_400_000, "ts": 9223372036825200, "j": "not json"}
+    assert docs.source("p.public.t", 100, {"d": "x"}) == {"d": "x"}  # the version of the commit LSN

@@ -3,7 +3,8 @@
 Starts a throwaway PostgreSQL with logical WAL and a local Apache Kafka (KRaft, its jars
 fetched once from Maven Central), runs `cdc run` against them, writes rows (inserts, an
 update, a delete, a key change) and prints the events as they land in the compacted topics,
-then runs the Spark sink jobs (`--once`) into a Delta warehouse and a local Redis cache.
+then runs the Spark sink jobs (`--once`) into a Delta warehouse, a local OpenSearch index
+and a local Redis cache.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import psycopg
 
 from cdc.config import TopicConfig
 from cdc.local.kafka import LocalKafka
+from cdc.local.opensearch import LocalOpenSearch
 from cdc.local.postgres import LocalPostgres
 from cdc.local.redis import LocalRedis
 from cdc.naming import topic_name
@@ -78,12 +80,40 @@ def _show_cache(url: str) -> None:
             click.echo(f"  GET '{key.decode()}' -> {client.get(key).decode()}")  # type: ignore[union-attr]
 
 
+def _show_search(url: str) -> None:
+    from cdc.config import SearchConfig
+    from sinks.search import Settings
+    from sinks.search_shapes import alias_name
+
+    client = Settings.of(SearchConfig(url=url)).client()
+    client.ok("POST", "/_refresh")
+    for table in ("customers", "orders"):
+        alias = alias_name(topic_name(PREFIX, "public", table))
+        hits = client.ok("POST", f"/{alias}/_search", {"query": {"match_all": {}}, "sort": ["_doc"]})["hits"]["hits"]
+        for hit in sorted(hits, key=lambda h: h["_id"]):
+            click.echo(f"  {alias}/_doc/{hit['_id']} -> {json.dumps(hit['_source'])}")
+    query = {"query": {"match": {"email": "example.com"}}}
+    hits = client.ok("POST", f"/{alias_name(topic_name(PREFIX, 'public', 'customers'))}/_search", query)["hits"]["hits"]
+    click.echo(f"  search customers for email 'example.com': {sorted(h['_id'] for h in hits)}")
+
+
+def _sink(store: str, env: dict[str, str], base: Path) -> None:
+    """`cdc sink <store> --once`, its summary line shown."""
+    sink = subprocess.run(
+        [sys.executable, "-m", "cdc", "sink", store, "--once"], env=env, capture_output=True, text=True, cwd=base,
+    )
+    if sink.returncode != 0:
+        raise click.ClickException(f"the {store} sink failed:\n" + sink.stderr[-2000:])
+    click.echo(f"  {sink.stdout.strip()}")
+
+
 def run_demo(workdir: Path | None, keep: bool) -> None:
     base = Path(workdir or tempfile.mkdtemp(prefix="cdc-demo-"))
     base.mkdir(parents=True, exist_ok=True)
-    _step(f"starting PostgreSQL (wal_level=logical), Apache Kafka (KRaft) and Redis under {base}")
+    _step(f"starting PostgreSQL (wal_level=logical), Apache Kafka (KRaft), OpenSearch and Redis under {base}")
     pg = LocalPostgres(base / "postgres").start()
     broker = LocalKafka(base / "broker").start()
+    search = LocalOpenSearch(base / "opensearch").start()
     cache = LocalRedis(base / "redis").start()
     daemon: subprocess.Popen | None = None
     try:
@@ -152,26 +182,21 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
         )
         env["CDC_DELTA_PATH"] = str(base / "warehouse")
         env["CDC_SPARK_CHECKPOINT_DIR"] = str(base / "checkpoints")
-        sink = subprocess.run(
-            [sys.executable, "-m", "cdc", "sink", "delta", "--once"], env=env, capture_output=True, text=True, cwd=base,
-        )
-        if sink.returncode != 0:
-            raise click.ClickException("the sink failed:\n" + sink.stderr[-2000:])
-        click.echo(f"  {sink.stdout.strip()}")
+        _sink("delta", env, base)
         for table in ("customers", "orders"):
             rows = subprocess.run(
                 [sys.executable, "-c", _READ_DELTA, str(base / "warehouse" / "current" / "public" / table)],
                 capture_output=True, text=True,
             )
             click.echo(f"  current/public/{table} (read with delta-rs): {rows.stdout.strip() or rows.stderr[-500:]}")
+        _step("cdc sink search --once (a Spark job): the topics into OpenSearch, an index per table behind an "
+              "alias named after its topic, _id = the key's JSON, _source = the row")
+        env["CDC_SEARCH_URL"], env["CDC_SEARCH_REPLICAS"] = search.url, "0"
+        _sink("search", env, base)
+        _show_search(search.url)
         _step("cdc sink cache --once (a Spark job): the topics into Redis, GET <topic>:<key JSON> = the row")
         env["CDC_CACHE_URL"] = cache.url
-        sink = subprocess.run(
-            [sys.executable, "-m", "cdc", "sink", "cache", "--once"], env=env, capture_output=True, text=True, cwd=base,
-        )
-        if sink.returncode != 0:
-            raise click.ClickException("the sink failed:\n" + sink.stderr[-2000:])
-        click.echo(f"  {sink.stdout.strip()}")
+        _sink("cache", env, base)
         _show_cache(cache.url)
         _step("cdc status")
         status = subprocess.run([sys.executable, "-m", "cdc", "status"], env=env, capture_output=True, text=True)
@@ -190,6 +215,7 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(60)
         cache.stop()
+        search.close()
         broker.stop()
         pg.close()  # stops the server and removes a cluster that had to live outside `base`
     _step(f"done: logs in {base}")

@@ -1,0 +1,92 @@
+"""The last change of each key in a batch, from the events' JSON (the stores that keep rows
+as JSON: the cache and the search index).
+
+Rows come sorted by topic, key and offset (a key's changes of a batch meet in one Spark
+partition, in offset order, which is the key's position order), so one pass folds each
+key's changes into its last one. An unchanged TOASTed value takes the batch's newest value
+of its column; what the batch lacks the store fills from the row it holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pyspark.sql import Row
+
+from sinks.shapes import UNAVAILABLE_FORMS
+
+#: what the fold reads of a change row (sinks.envelope.CHANGE_COLUMNS)
+COLUMNS = (
+    "_cdc_topic", "_cdc_key", "_cdc_op", "_cdc_lsn", "_cdc_seq", "_cdc_partition", "_cdc_offset", "_cdc_tombstone",
+    "after",
+)
+
+# the unchanged-TOAST forms as values of the parsed `after` (sinks.shapes has them as JSON text)
+_PLACEHOLDERS = tuple(orjson.loads(text) if text.startswith(("[", "{")) else text for text in UNAVAILABLE_FORMS)
+
+
+def position(lsn: int | None, seq: int | None) -> str:
+    """A position as text that orders like (commit LSN, change LSN); '' when unknown."""
+    return "" if lsn is None or seq is None else f"{lsn:016x}{seq:016x}"
+
+
+def canonical_key(raw: str) -> str:
+    """The key's canonical JSON: the record key, or its payload when it carries a schema."""
+    key = orjson.loads(raw)
+    if isinstance(key, dict) and key.keys() == {"schema", "payload"}:
+        key = key["payload"]
+    return orjson.dumps(key).decode()
+
+
+@dataclass
+class Change:
+    """The last change of a key in a batch."""
+
+    key: str  # canonical JSON
+    kind: str  # u (insert, update, snapshot read) or d (delete, tombstone)
+    lsn: int | None  # commit LSN; None for a tombstone whose d is not in the batch
+    seq: int | None  # change LSN
+    partition: int
+    offset: int
+    row: dict[str, Any] | None = None
+    missing: tuple[str, ...] = ()  # TOASTed columns neither the event nor the batch had
+
+    @property
+    def pos(self) -> str:
+        return position(self.lsn, self.seq)
+
+
+def _unavailable(value: Any) -> bool:
+    return any(value == p for p in _PLACEHOLDERS)
+
+
+def last_changes(rows: Iterable[Row]) -> Iterator[tuple[str, Change]]:
+    """Rows sorted by topic, key, offset -> (topic, the last change of each key). A
+    tombstone keeps its d's position."""
+    for (topic, raw), events in itertools.groupby(rows, key=lambda r: (r["_cdc_topic"], r["_cdc_key"])):
+        key = canonical_key(raw)
+        last: Change | None = None
+        for e in events:
+            where = (e["_cdc_partition"], e["_cdc_offset"])
+            if e["_cdc_tombstone"]:
+                lsn, seq = (last.lsn, last.seq) if last is not None and last.kind == "d" else (None, None)
+                last = Change(key, "d", lsn, seq, *where)
+            elif e["_cdc_op"] == "d":
+                last = Change(key, "d", e["_cdc_lsn"], e["_cdc_seq"], *where)
+            else:
+                row = orjson.loads(e["after"])
+                earlier = last.row if last is not None and last.row is not None else {}
+                missing = []
+                for name, value in row.items():
+                    if _unavailable(value):
+                        if name in earlier and name not in (last.missing if last else ()):
+                            row[name] = earlier[name]
+                        else:
+                            missing.append(name)
+                last = Change(key, "u", e["_cdc_lsn"], e["_cdc_seq"], *where, row, tuple(missing))
+        if last is not None:
+            yield topic, last

@@ -1,0 +1,291 @@
+"""`cdc sink search` end to end: PostgreSQL -> `cdc run` -> topics -> OpenSearch.
+
+Real PostgreSQL, Kafka, Spark and OpenSearch. What a search user relies on: one index per
+table behind an alias named after the topic, `_id` the key's JSON, `_source` the row,
+typed fields, and a replay (also after `index.gc_deletes`) that changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import urllib3
+from kafka import KafkaProducer
+
+from cdc.config import TopicConfig
+from cdc.local.opensearch import LocalOpenSearch
+from cdc.local.process import free_port
+from compaction.reader import read_topic
+from sinks.latest import canonical_key
+from sinks.search_shapes import alias_name, index_name, markers_name
+from tests.support import Sink, cdc, wait_caught_up, write_config
+from tests.test_sink_cache import BIG, _from_topics
+from tests.test_sink_delta import CHANGES, SEED
+
+HTTP = urllib3.PoolManager()
+
+
+def _config(tmp_path: Path, db: Any, servers: str, prefix: str, url: str, **extra: dict) -> Path:
+    spark = {"checkpoint_dir": str(tmp_path / "checkpoints"), **extra.pop("spark", {})}
+    search = {"url": url, "replicas": 0, **extra.pop("search", {})}
+    return write_config(tmp_path / "cdc.toml", db.dsn, servers, prefix, ["public.*"], search=search,
+                        spark=spark, **extra)
+
+
+def _ok(base: str, method: str, path: str, body: Any = None) -> Any:
+    resp = HTTP.request(method, base + path, body=None if body is None else json.dumps(body),
+                        headers={"Content-Type": "application/json"})
+    assert resp.status < 300, (resp.status, resp.data[:500])
+    return orjson.loads(resp.data)
+
+
+def _documents(base: str, index: str, source: bool = True) -> dict[str, Any]:
+    """Every document of an index: _id -> (version, _source) (or version alone)."""
+    _ok(base, "POST", f"/{index}/_refresh?expand_wildcards=all")
+    answer = _ok(base, "POST", f"/{index}/_search?expand_wildcards=all", {
+        "query": {"match_all": {}}, "size": 10000, "version": True, "_source": source,
+    })
+    return {h["_id"]: (h["_version"], h["_source"]) if source else h["_version"] for h in answer["hits"]["hits"]}
+
+
+def _rows(base: str, topic: str) -> dict[str, Any]:
+    return {key: source for key, (_, source) in _documents(base, alias_name(topic)).items()}
+
+
+def _ids(base: str, alias: str, query: dict) -> list[str]:
+    answer = _ok(base, "POST", f"/{alias}/_search", {"query": query, "size": 100, "_source": False})
+    return sorted(h["_id"] for h in answer["hits"]["hits"])
+
+
+# What a user checks of the converted columns: dates and timestamps as ISO text from PostgreSQL
+PG_DATES = """
+SELECT id, d::text, to_char(ts, 'YYYY-MM-DD"T"HH24:MI:SS.US'), to_char(ts3, 'YYYY-MM-DD"T"HH24:MI:SS.US'), j::text
+FROM public.wide WHERE d IS NULL OR isfinite(d) ORDER BY id
+"""
+
+
+def test_the_index_follows_the_source_and_replays_change_nothing(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, opensearch: LocalOpenSearch
+) -> None:
+    base = opensearch.url
+    for sql in SEED:
+        db.execute(sql)
+    db.execute("CREATE TABLE public.doc (id int PRIMARY KEY, body text, n int)")  # REPLICA IDENTITY DEFAULT
+    db.execute(f"INSERT INTO public.doc VALUES (1, {BIG}, 0), (2, {BIG}, 0)")
+    daemon, slot = run_daemon(["public.*"])
+    config = _config(tmp_path, db, broker_servers, topic_prefix, base)
+    sink = Sink(config, tmp_path / "sink.log", store="search")
+    wide, odd, doc = (f"{topic_prefix}.public.{t}" for t in ("wide", "Odd-20Name", "doc"))
+
+    def expected_wide() -> dict[str, Any]:
+        rows = {key.split(":", 1)[1]: row for key, row in _from_topics(broker_servers, topic_prefix, ["wide"]).items()}
+        finite = set()
+        for id_, d, ts, ts3, j in db.fetchall(PG_DATES):
+            row = rows[canonical_key(json.dumps({"id": id_}))]
+            row.update(d=d, ts=ts, ts3=ts3, j=None if j is None else json.loads(j))
+            finite.add(canonical_key(json.dumps({"id": id_})))
+        for key, row in rows.items():  # beyond years 1-9999 (the infinities): epoch ms
+            if key not in finite:
+                row.update(d=row["d"] * 86_400_000, ts=row["ts"] // 1000)
+        return rows
+
+    def check() -> None:
+        assert _rows(base, wide) == expected_wide()
+        assert _rows(base, odd) == {
+            canonical_key(json.dumps({"Key": k})): {"Key": k, "a b": a, "ü": u}
+            for k, a, u in db.fetchall('SELECT "Key", "a b", "ü" FROM public."Odd Name"')
+        }
+        assert _rows(base, doc) == {  # the topic has TOAST placeholders: the index has the bodies
+            f'{{"id":{i}}}': {"id": i, "body": body, "n": n} for i, body, n in db.fetchall("SELECT * FROM public.doc")
+        }
+
+    wait_caught_up(db.dsn, slot, daemon)
+    assert "0 dead letters" in sink.once()
+    check()
+    # the infinite row: -infinity days and infinity µs as epoch ms, timestamptz as the event has it
+    row2 = _rows(base, wide)['{"id":2}']
+    assert (row2["d"] < -10**17, row2["ts"] > 10**15, row2["tsz"], row2["f8"]) == (True, True, "infinity", "NaN")
+
+    # one index per table behind an alias named after the topic; a lowercase-safe one for capitals
+    assert alias_name(odd) == f"{topic_prefix}.public.-uodd-20-uname"
+    assert _ok(base, "GET", f"/_alias/{alias_name(odd)}") == {index_name(alias_name(odd)): {
+        "aliases": {alias_name(odd): {}}}}
+    fields = _ok(base, "GET", f"/{wide}/_mapping")[index_name(wide)]["mappings"]["properties"]
+    assert {name: spec.get("type") for name, spec in fields.items()} == {
+        "id": "integer", "b": "boolean", "i2": "short", "i8": "long", "f4": "float", "f8": "double",
+        "n": "double", "nu": "double", "m": "double", "t": "text", "vc": "text", "bp": "text", "u": "keyword",
+        "j": "flat_object", "d": "date", "tm": "long", "ts": "date", "ts3": "date", "tsz": "date", "iv": "long",
+        "by": "binary", "bits": "binary", "bit1": "boolean", "ia": "integer", "ta": "text", "pt": None,
+        "ip": "keyword", "e": "keyword",
+    }
+    # typed search: a date range, full text and its keyword, a flat_object path, a number
+    assert _ids(base, wide, {"range": {"ts": {"gte": "2024-01-01", "lt": "2024-02-01"}}}) == ['{"id":1}']
+    assert _ids(base, wide, {"match": {"t": "TEXT"}}) == ['{"id":1}']
+    assert _ids(base, wide, {"term": {"t.keyword": "two"}}) == ['{"id":2}']
+    assert _ids(base, wide, {"term": {"j.k": "2"}}) == ['{"id":1}']
+    assert _ids(base, wide, {"range": {"n": {"gt": 1000}}}) == ['{"id":1}']
+
+    # streaming: updates, a delete, a key change, ADD COLUMN, a truncate; unchanged TOASTed
+    # values from the index (doc 1) and from the batch (doc 2)
+    for sql in CHANGES:
+        db.execute(sql)
+    db.execute("UPDATE public.doc SET n = 1 WHERE id = 1")
+    db.execute(f"UPDATE public.doc SET body = {BIG} WHERE id = 2")
+    db.execute("UPDATE public.doc SET n = 2 WHERE id = 2")
+    wait_caught_up(db.dsn, slot, daemon)
+    assert "0 dead letters" in sink.once()
+    check()
+    assert sorted(_rows(base, wide)) == ['{"id":1}', '{"id":3}', '{"id":40}', '{"id":5}']
+    assert _ok(base, "GET", f"/{wide}/_mapping")[index_name(wide)]["mappings"]["properties"]["extra"] == {
+        "type": "double", "ignore_malformed": True}
+    # deletes left markers at their positions, which GET readers never see
+    assert set(_documents(base, markers_name(alias_name(wide)), source=False)) == {'{"id":2}', '{"id":4}'}
+    assert set(_documents(base, markers_name(alias_name(odd)), source=False)) == {'{"Key":"k1"}', '{"Key":"k2"}'}
+
+    def everything() -> dict[str, Any]:
+        names = [alias_name(t) for t in (wide, odd, doc)]
+        return {name: (_documents(base, name), _documents(base, markers_name(name), source=False)) for name in names}
+
+    # replay from the earliest offsets onto the same index, a few records per batch (an old
+    # insert comes before its delete): nothing changes
+    before = everything()
+    shutil.rmtree(tmp_path / "checkpoints")
+    sink.once(env={"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "4"})
+    assert everything() == before
+
+    # OpenSearch forgets a delete's version after index.gc_deletes (and on a restart); then an
+    # older upsert arrives again (a duplicate, a replay interrupted before its delete): the
+    # markers still refuse it
+    for topic in (wide, odd):
+        _ok(base, "PUT", f"/{alias_name(topic)}/_settings", {"index": {"gc_deletes": "0ms"}})
+    time.sleep(1)
+    _ok(base, "POST", "/_refresh")
+    stale = [r for r in read_topic(TopicConfig(bootstrap_servers=broker_servers), wide)
+             if r.key == b'{"id":2}' and r.value is not None][0]
+    producer = KafkaProducer(bootstrap_servers=broker_servers, acks="all")
+    producer.send(wide, key=stale.key, value=stale.value, partition=stale.partition)
+    producer.flush()
+    producer.close()
+    assert "0 dead letters" in sink.once()
+    assert everything() == before
+
+    # an index deleted under the job (an operator, a restored cluster): it rebuilds them all
+    _ok(base, "DELETE", f"/{index_name(alias_name(wide))}")
+    sink.once()
+    assert f"OpenSearch at {base} lost the index behind {alias_name(wide)}, which this job filled; rebuilding it" in (
+        tmp_path / "sink.log").read_text()
+    assert everything() == before
+    assert daemon.stop() == 0
+
+
+def _acct(base: str, prefix: str) -> dict[int, tuple[int, str]]:
+    rows = _rows(base, f"{prefix}.public.acct")
+    return {row["id"]: (row["version"], row["note"]) for row in rows.values()}
+
+
+def test_kill_9_and_an_opensearch_restart_under_load(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any
+) -> None:
+    from tests.support import ACCT, SINK_TIMEOUT_S, Writers, wait_for
+
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 2000) g")
+    daemon, slot = run_daemon(["public.acct"])
+    with LocalOpenSearch(tmp_path / "os") as node:
+        config = _config(tmp_path, db, broker_servers, topic_prefix, node.url, spark={
+            "checkpoint_dir": str(tmp_path / "checkpoints"), "max_offsets_per_trigger": 700,
+        })
+        sink = Sink(config, tmp_path / "sink.log", store="search")
+
+        def batches() -> int:
+            return Path(sink.log).read_text().count("INFO sinks.job: batch ") if Path(sink.log).exists() else 0
+
+        with Writers(db.dsn, keys=3000, pause_s=0.05):
+            for delay_s in (0.5, 1.0, 2.0):  # kill -9 in the batch after one that completed
+                before = batches()
+                sink.start()
+                wait_for(lambda before=before: batches() > before, SINK_TIMEOUT_S, "a batch")
+                time.sleep(delay_s)
+                sink.kill9()
+            before = batches()
+            sink.start()
+            wait_for(lambda: batches() > before, SINK_TIMEOUT_S, "a batch")
+            node.kill9()  # while the job streams
+            time.sleep(3)
+            node.start()
+            before = batches()
+            wait_for(lambda: batches() > before, SINK_TIMEOUT_S, "a batch after the restart")
+            assert sink.stop() == 0
+        wait_caught_up(db.dsn, slot, daemon)
+        sink.once(env={"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"})
+        assert _acct(node.url, topic_prefix) == {r[0]: (r[1], r[2]) for r in db.fetchall(
+            "SELECT id, version, note FROM public.acct"
+        )}
+        log = Path(sink.log).read_text()
+        assert f"OpenSearch at {node.url}: " in log  # the job saw it gone and went on
+    assert daemon.stop() == 0
+
+
+def test_the_search_job_on_a_standalone_cluster(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, opensearch: LocalOpenSearch,
+    spark_cluster: Any,
+) -> None:
+    from tests.support import ACCT
+
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'n' || g FROM generate_series(1, 500) g")
+    daemon, slot = run_daemon(["public.*"])
+    db.execute("UPDATE public.acct SET version = 2, note = 'u' WHERE id % 5 = 0")
+    db.execute("DELETE FROM public.acct WHERE id % 7 = 0")
+    wait_caught_up(db.dsn, slot, daemon)
+    config = _config(tmp_path, db, broker_servers, topic_prefix, opensearch.url,
+                     spark={"master": spark_cluster.master_url})
+    assert "0 dead letters" in Sink(config, tmp_path / "sink.log", store="search").once()
+    assert _acct(opensearch.url, topic_prefix) == {r[0]: (r[1], r[2]) for r in db.fetchall(
+        "SELECT id, version, note FROM public.acct"
+    )}
+    assert "Registering app cdc-sink-search" in (spark_cluster.work_dir / "master.log").read_text()
+    assert daemon.stop() == 0
+
+
+def test_a_document_opensearch_rejects_reaches_the_dead_letter_topic(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, opensearch: LocalOpenSearch
+) -> None:
+    db.execute("CREATE TABLE public.cfg (id int PRIMARY KEY, attrs jsonb)")
+    db.execute("""INSERT INTO public.cfg VALUES (1, '{"a": 1}'), (2, '[1, 2]'), (3, '{"b": {"c": "x"}}')""")
+    daemon, slot = run_daemon(["public.*"])
+    wait_caught_up(db.dsn, slot, daemon)
+    config = _config(tmp_path, db, broker_servers, topic_prefix, opensearch.url)
+    out = Sink(config, tmp_path / "sink.log", store="search").once()
+    assert "1 dead letters" in out
+    topic = f"{topic_prefix}.public.cfg"
+    assert sorted(_rows(opensearch.url, topic)) == ['{"id":1}', '{"id":3}']  # the job went on
+    (letter,) = [
+        (r.key, orjson.loads(r.value))
+        for r in read_topic(TopicConfig(bootstrap_servers=broker_servers), f"{topic_prefix}.__cdc_dlq")
+    ]
+    key, value = letter
+    assert key == b'{"id":2}' and value["topic"] == topic and orjson.loads(value["value"])["after"]["id"] == 2
+    assert value["reason"].startswith(
+        "OpenSearch rejected the document: mapper_parsing_exception: failed to parse field [attrs] of type "
+        "[flat_object]"
+    ), value["reason"]
+    assert daemon.stop() == 0
+
+
+def test_an_unreachable_index_is_one_line(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://app:s3cret@127.0.0.1:{port}"
+    config = tmp_path / "cdc.toml"
+    config.write_text(f'[topic]\nbootstrap_servers = "127.0.0.1:1"\n[search]\nurl = "{url}"\n')
+    done = cdc("sink", "search", "--once", "--config", str(config))
+    assert done.returncode == 1
+    line = done.stderr.strip()
+    assert line.startswith(f"error: cannot reach OpenSearch at http://app:***@127.0.0.1:{port} (")
+    assert line.endswith("): start it, or fix [search] url")
+    assert len(line.splitlines()) == 1 and "s3cret" not in done.stdout + done.stderr
