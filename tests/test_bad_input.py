@@ -136,7 +136,7 @@ CONFIG_CASES = {
     ),
     "unknown section, nothing close": (
         '[kafka]\nbootstrap_servers = "x"\n', {},
-        "unknown section [kafka] in {path}: remove it (sections: source, topic, events, snapshot, daemon, spark, delta, cache)",
+        "unknown section [kafka] in {path}: remove it (sections: source, topic, events, snapshot, daemon, spark, delta, search, cache)",
     ),
     "bad type": (
         '[topic]\npartitions = "x"\n', {},
