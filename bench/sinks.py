@@ -325,6 +325,7 @@ class SearchBench(StoreBench):
 
     def __init__(self) -> None:
         self.node: Any = None
+        self.run_dirs: set[Path] = set()
 
     def sections(self, run_dir: Path) -> dict[str, dict[str, Any]]:
         from cdc.config import SearchConfig
@@ -334,11 +335,12 @@ class SearchBench(StoreBench):
 
         if self.node is None:
             self.node = LocalOpenSearch(run_dir.parent / "opensearch").start()
-        section = {"url": self.node.url, "replicas": 0}
-        client = Settings.of(SearchConfig(url=self.node.url)).client()
-        for row in client.ok("GET", f"/_cat/indices/{alias_name(PREFIX)}*?format=json&expand_wildcards=all"):
-            client.ok("DELETE", f"/{row['index']}")
-        return {"search": section}
+        if run_dir not in self.run_dirs:  # a new run: a new store (the freshness phase reuses the last)
+            self.run_dirs.add(run_dir)
+            client = Settings.of(SearchConfig(url=self.node.url)).client()
+            for row in client.ok("GET", f"/_cat/indices/{alias_name(PREFIX)}*?format=json&expand_wildcards=all"):
+                client.ok("DELETE", f"/{row['index']}")
+        return {"search": {"url": self.node.url, "replicas": 0}}
 
     @staticmethod
     def _client(config_path: str) -> Any:

@@ -166,28 +166,25 @@ def _url_secrets(value: str) -> list[str]:
     return [password, unquote(password)] if password else []
 
 
-def _check_cache_url(where: str, value: str) -> None:
-    from urllib.parse import urlsplit
+def _url_check(what: str, schemes: tuple[str, ...], example: str) -> Callable[[str, str], None]:
+    """A check that a setting is a URL of one of `schemes` (with a host, or a path for unix)."""
 
-    try:
-        url = urlsplit(value)
-        url.port  # noqa: B018 (a port that is not a number raises here)
-    except ValueError as exc:
-        raise ConfigError(f"{where} is not a Redis URL ({exc}): use redis://host:port/db or rediss:// for TLS") from None
-    if url.scheme not in ("redis", "rediss", "unix") or not (url.hostname or url.path):
-        raise ConfigError(f"{where} is not a Redis URL: use redis://host:port/db or rediss:// for TLS")
+    def check(where: str, value: str) -> None:
+        from urllib.parse import urlsplit
+
+        try:
+            url = urlsplit(value)
+            url.port  # noqa: B018 (a port that is not a number raises here)
+        except ValueError as exc:
+            raise ConfigError(f"{where} is not {what} ({exc}): use {example}") from None
+        if url.scheme not in schemes or not (url.hostname or (url.scheme == "unix" and url.path)):
+            raise ConfigError(f"{where} is not {what}: use {example}")
+
+    return check
 
 
-def _check_search_url(where: str, value: str) -> None:
-    from urllib.parse import urlsplit
-
-    try:
-        url = urlsplit(value)
-        url.port  # noqa: B018 (a port that is not a number raises here)
-    except ValueError as exc:
-        raise ConfigError(f"{where} is not an HTTP URL ({exc}): use http://host:9200 or https://") from None
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ConfigError(f"{where} is not an HTTP URL: use http://host:9200 or https:// for TLS")
+_check_cache_url = _url_check("a Redis URL", ("redis", "rediss", "unix"), "redis://host:port/db or rediss:// for TLS")
+_check_search_url = _url_check("an HTTP URL", ("http", "https"), "http://host:9200 or https:// for TLS")
 
 
 def _check_host(where: str, value: str) -> None:

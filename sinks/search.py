@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import itertools
 import logging
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ META_INDEX_SUFFIX = "-msink"  # `-m`: never in an alias
 
 class SearchUnavailable(Exception):
     """OpenSearch did not answer (or kept answering 429/5xx) through every retry: the batch fails."""
+
+    def __init__(self, message: str, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem or message
 
 
 @dataclass(frozen=True)
@@ -109,8 +114,9 @@ class Client:
                 problem = f"HTTP {resp.status}"
             except urllib3.exceptions.HTTPError as exc:
                 problem = str(exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc)
+                problem = re.sub(r"^HTTPS?Connection\([^)]*\): (Failed to establish a new connection: )?", "", problem)
             if attempt >= self.retries:
-                raise SearchUnavailable(f"{self.where}: {method} {path.split('?')[0]} failed: {problem}")
+                raise SearchUnavailable(f"{self.where}: {method} {path.split('?')[0]} failed: {problem}", problem)
             log.warning("%s: %s %s: %s; again in %.1f s", self.where, method, path.split("?")[0], problem, delay)
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
@@ -145,7 +151,7 @@ def check_reachable(config: SearchConfig) -> None:
     try:
         status, answer = client.request("GET", "/")
     except SearchUnavailable as exc:
-        first = str(exc).split(": ", 1)[-1].splitlines()[0]
+        first = exc.problem.splitlines()[0]
         raise ConfigError(f"cannot reach {where} ({first}): start it, or fix [search] url") from None
     finally:
         client.close()

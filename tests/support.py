@@ -333,3 +333,38 @@ class Sink:
         os.killpg(self.proc.pid, signal.SIGKILL)  # the driver and its JVM
         self.proc.wait(30)
         self._out.close()
+
+    def batches(self) -> int:
+        """The micro-batches the job's log reports so far."""
+        return self.log.read_text().count("INFO sinks.job: batch ") if self.log.exists() else 0
+
+    def next_batch(self, what: str = "a batch") -> None:
+        """Wait until the streaming job completes one more micro-batch."""
+        before = self.batches()
+        wait_for(lambda: self.batches() > before, SINK_TIMEOUT_S, what)
+
+    def kill9_mid_batches(self, delays_s: tuple[float, ...]) -> None:
+        """Per delay: start streaming, wait for a completed batch, then kill -9 the job that
+        long into the next one."""
+        for delay_s in delays_s:
+            before = self.batches()
+            self.start()
+            wait_for(lambda before=before: self.batches() > before, SINK_TIMEOUT_S, "a batch")
+            time.sleep(delay_s)
+            self.kill9()
+
+
+def acct_changes_captured(db: Any, run_daemon: Any) -> Any:
+    """`public.acct`: 500 rows, then updates and deletes, all in the topics; the daemon."""
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'n' || g FROM generate_series(1, 500) g")
+    daemon, slot = run_daemon(["public.*"])
+    db.execute("UPDATE public.acct SET version = 2, note = 'u' WHERE id % 5 = 0")
+    db.execute("DELETE FROM public.acct WHERE id % 7 = 0")
+    wait_caught_up(db.dsn, slot, daemon)
+    return daemon
+
+
+def acct_rows(db: Any) -> dict[int, tuple[int, str]]:
+    """`public.acct` in PostgreSQL: id -> (version, note)."""
+    return {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct")}

@@ -7,7 +7,6 @@ Real PostgreSQL, Kafka, Spark and Redis. What a cache reader relies on: `GET
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from compaction.reader import read_topic
 from compaction.table import build
 from sinks.cache import GUARD
 from sinks.latest import canonical_key, position
-from tests.support import Sink, cdc, wait_caught_up, write_config
+from tests.support import Sink, acct_changes_captured, acct_rows, cdc, wait_caught_up, write_config
 from tests.test_sink_delta import CHANGES, SEED
 
 # a body PostgreSQL stores out of line (TOAST): incompressible and over 2 kB
@@ -133,31 +132,19 @@ def test_kill_9_and_a_redis_that_lost_its_data_under_load(
             "checkpoint_dir": str(tmp_path / "checkpoints"), "max_offsets_per_trigger": 700,
         })
         sink = Sink(config, tmp_path / "sink.log", store="cache")
-
-        def log_count(text: str) -> int:
-            return Path(sink.log).read_text().count(text) if Path(sink.log).exists() else 0
-
         with Writers(db.dsn, keys=3000, pause_s=0.05):
-            for delay_s in (0.5, 1.0, 2.0):  # kill -9 in the batch after one that completed
-                before = log_count("INFO sinks.job: batch ")
-                sink.start()
-                wait_for(lambda before=before: log_count("INFO sinks.job: batch ") > before, SINK_TIMEOUT_S, "a batch")
-                time.sleep(delay_s)
-                sink.kill9()
-            before = log_count("INFO sinks.job: batch ")
+            sink.kill9_mid_batches((0.5, 1.0, 2.0))
             sink.start()
-            wait_for(lambda: log_count("INFO sinks.job: batch ") > before, SINK_TIMEOUT_S, "a batch")
+            sink.next_batch()
             server.restart()  # while the job streams: every row it wrote is gone
-            wait_for(lambda: log_count("rebuilding it from the topics") > 0, SINK_TIMEOUT_S, "the job to rebuild")
-            before = log_count("INFO sinks.job: batch ")
-            wait_for(lambda: log_count("INFO sinks.job: batch ") > before, SINK_TIMEOUT_S, "a batch after it")
+            wait_for(lambda: "rebuilding it from the topics" in sink.log.read_text(), SINK_TIMEOUT_S,
+                     "the job to rebuild")
+            sink.next_batch("a batch after it")
             assert sink.stop() == 0
         wait_caught_up(db.dsn, slot, daemon)
         sink.once(env={"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"})
         client = redis.Redis.from_url(server.url)
-        assert _acct(client, topic_prefix) == {r[0]: (r[1], r[2]) for r in db.fetchall(
-            "SELECT id, version, note FROM public.acct"
-        )}
+        assert _acct(client, topic_prefix) == acct_rows(db)
         assert f"Redis at {server.url} lost writes" in Path(sink.log).read_text()
     assert daemon.stop() == 0
 
@@ -166,21 +153,12 @@ def test_the_cache_job_on_a_standalone_cluster(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, redis_server: LocalRedis,
     spark_cluster: Any,
 ) -> None:
-    from tests.support import ACCT
-
-    db.execute(ACCT)
-    db.execute("INSERT INTO public.acct SELECT g, 1, 'n' || g FROM generate_series(1, 500) g")
-    daemon, slot = run_daemon(["public.*"])
-    db.execute("UPDATE public.acct SET version = 2, note = 'u' WHERE id % 5 = 0")
-    db.execute("DELETE FROM public.acct WHERE id % 7 = 0")
-    wait_caught_up(db.dsn, slot, daemon)
+    daemon = acct_changes_captured(db, run_daemon)
     config = _config(tmp_path, db, broker_servers, topic_prefix, redis_server.url,
                      spark={"master": spark_cluster.master_url})
     assert "0 dead letters" in Sink(config, tmp_path / "sink.log", store="cache").once()
     client = redis.Redis.from_url(redis_server.url)
-    assert _acct(client, topic_prefix) == {r[0]: (r[1], r[2]) for r in db.fetchall(
-        "SELECT id, version, note FROM public.acct"
-    )}
+    assert _acct(client, topic_prefix) == acct_rows(db)
     # the driver registered with the cluster, whose executors wrote to Redis
     assert "Registering app cdc-sink-cache" in (spark_cluster.work_dir / "master.log").read_text()
     assert daemon.stop() == 0

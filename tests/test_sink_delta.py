@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -373,22 +372,11 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
     config = _config(tmp_path, db, broker_servers, topic_prefix, spark={"max_offsets_per_trigger": 700})
     warehouse = tmp_path / "warehouse"
     sink = Sink(config, tmp_path / "sink.log")
-
-    def batches() -> int:
-        return Path(sink.log).read_text().count("INFO sinks.job: batch ") if Path(sink.log).exists() else 0
-
     with Writers(db.dsn, keys=3000, pause_s=0.05):
-        for delay_s in (0.5, 2.0, 4.0):
-            # kill -9 in the batch after one that completed: mid-way through its Delta commits
-            before = batches()
-            sink.start()
-            wait_for(lambda before=before: batches() > before, SINK_TIMEOUT_S, "a batch")
-            time.sleep(delay_s)
-            sink.kill9()
+        sink.kill9_mid_batches((0.5, 2.0, 4.0))  # mid-way through a batch's Delta commits
         # streaming, then SIGTERM: a clean stop after the running batch
-        before = batches()
         sink.start()
-        wait_for(lambda: batches() > before, SINK_TIMEOUT_S, "a batch")
+        sink.next_batch()
         assert sink.stop() == 0
     wait_caught_up(db.dsn, slot, daemon)
     big_batches = {"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"}  # the small ones were for the kills

@@ -23,7 +23,7 @@ from cdc.local.process import free_port
 from compaction.reader import read_topic
 from sinks.latest import canonical_key
 from sinks.search_shapes import alias_name, index_name, markers_name
-from tests.support import Sink, cdc, wait_caught_up, write_config
+from tests.support import Sink, acct_changes_captured, acct_rows, cdc, wait_caught_up, write_config
 from tests.test_sink_cache import BIG, _from_topics
 from tests.test_sink_delta import CHANGES, SEED
 
@@ -191,7 +191,7 @@ def _acct(base: str, prefix: str) -> dict[int, tuple[int, str]]:
 def test_kill_9_and_an_opensearch_restart_under_load(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any
 ) -> None:
-    from tests.support import ACCT, SINK_TIMEOUT_S, Writers, wait_for
+    from tests.support import ACCT, Writers
 
     db.execute(ACCT)
     db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 2000) g")
@@ -201,31 +201,18 @@ def test_kill_9_and_an_opensearch_restart_under_load(
             "checkpoint_dir": str(tmp_path / "checkpoints"), "max_offsets_per_trigger": 700,
         })
         sink = Sink(config, tmp_path / "sink.log", store="search")
-
-        def batches() -> int:
-            return Path(sink.log).read_text().count("INFO sinks.job: batch ") if Path(sink.log).exists() else 0
-
         with Writers(db.dsn, keys=3000, pause_s=0.05):
-            for delay_s in (0.5, 1.0, 2.0):  # kill -9 in the batch after one that completed
-                before = batches()
-                sink.start()
-                wait_for(lambda before=before: batches() > before, SINK_TIMEOUT_S, "a batch")
-                time.sleep(delay_s)
-                sink.kill9()
-            before = batches()
+            sink.kill9_mid_batches((0.5, 1.0, 2.0))
             sink.start()
-            wait_for(lambda: batches() > before, SINK_TIMEOUT_S, "a batch")
+            sink.next_batch()
             node.kill9()  # while the job streams
             time.sleep(3)
             node.start()
-            before = batches()
-            wait_for(lambda: batches() > before, SINK_TIMEOUT_S, "a batch after the restart")
+            sink.next_batch("a batch after the restart")
             assert sink.stop() == 0
         wait_caught_up(db.dsn, slot, daemon)
         sink.once(env={"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"})
-        assert _acct(node.url, topic_prefix) == {r[0]: (r[1], r[2]) for r in db.fetchall(
-            "SELECT id, version, note FROM public.acct"
-        )}
+        assert _acct(node.url, topic_prefix) == acct_rows(db)
         log = Path(sink.log).read_text()
         assert f"OpenSearch at {node.url}: " in log  # the job saw it gone and went on
     assert daemon.stop() == 0
@@ -235,20 +222,11 @@ def test_the_search_job_on_a_standalone_cluster(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, opensearch: LocalOpenSearch,
     spark_cluster: Any,
 ) -> None:
-    from tests.support import ACCT
-
-    db.execute(ACCT)
-    db.execute("INSERT INTO public.acct SELECT g, 1, 'n' || g FROM generate_series(1, 500) g")
-    daemon, slot = run_daemon(["public.*"])
-    db.execute("UPDATE public.acct SET version = 2, note = 'u' WHERE id % 5 = 0")
-    db.execute("DELETE FROM public.acct WHERE id % 7 = 0")
-    wait_caught_up(db.dsn, slot, daemon)
+    daemon = acct_changes_captured(db, run_daemon)
     config = _config(tmp_path, db, broker_servers, topic_prefix, opensearch.url,
                      spark={"master": spark_cluster.master_url})
     assert "0 dead letters" in Sink(config, tmp_path / "sink.log", store="search").once()
-    assert _acct(opensearch.url, topic_prefix) == {r[0]: (r[1], r[2]) for r in db.fetchall(
-        "SELECT id, version, note FROM public.acct"
-    )}
+    assert _acct(opensearch.url, topic_prefix) == acct_rows(db)
     assert "Registering app cdc-sink-search" in (spark_cluster.work_dir / "master.log").read_text()
     assert daemon.stop() == 0
 
