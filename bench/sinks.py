@@ -914,7 +914,8 @@ class SinksBench(Bench):
             f"Freshness: half of the transactions insert a marker into public.{FRESH_TABLE} (a table of its own, "
             "applied beside the others in each batch), half update a random backlog row; commit time = the writer's clock right after COMMIT returned "
             f"(autocommit), visible = the reader's clock when it first found the marker (polled every {a.poll_ms} ms: "
-            "Delta: `current`'s Delta log, read by the bench itself; cache: GETs of the next markers); "
+            "Delta: `current`'s Delta log, read by the bench itself; cache: GETs of the next markers; "
+            "search: an `ids` search, so searchable); "
             f"[spark] trigger_interval_s = {a.trigger_interval}."
         )
         out.append("")
