@@ -148,6 +148,9 @@ class StoreBench:
         new since the last call); this phase's are base+1, base+2, ... and -(base+1) ..."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Stop what `sections` started (the bench ends with os._exit: no atexit runs)."""
+
 
 class DeltaLog:
     """A Delta table read from its own log, without Spark: delta-rs 1.6.6 refuses the sink's
@@ -281,6 +284,10 @@ class CacheBench(StoreBench):
         number = self.databases.setdefault(run_dir, len(self.databases) + 1)  # 1..15
         return {"cache": {"url": f"redis://127.0.0.1:{self.server.port}/{number}"}}
 
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
     def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
         import redis
 
@@ -341,6 +348,10 @@ class SearchBench(StoreBench):
             for row in client.ok("GET", f"/_cat/indices/{alias_name(PREFIX)}*?format=json&expand_wildcards=all"):
                 client.ok("DELETE", f"/{row['index']}")
         return {"search": {"url": self.node.url, "replicas": 0}}
+
+    def close(self) -> None:
+        if self.node is not None:
+            self.node.close()
 
     @staticmethod
     def _client(config_path: str) -> Any:
@@ -459,6 +470,13 @@ class SinksBench(Bench):
         self.inserted: dict[str, int] = {}
         self.last_dir: dict[str, Path] = {}  # store -> run dir of its last apply run
         self.run_counter = 0
+
+    def close(self) -> None:
+        """The stores' servers too, then what Bench.close ends."""
+        for store in self.stores:
+            with contextlib.suppress(Exception):
+                store.close()
+        super().close()
 
     # -- setup ------------------------------------------------------------------------------
     def start_services(self) -> None:

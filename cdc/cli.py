@@ -326,8 +326,8 @@ def _warehouse(config: Config, conf: dict[str, str] | None = None) -> Any:
               help="Where the throwaway PostgreSQL and broker keep their data (default: a new temp dir).")
 @click.option("--keep", is_flag=True, help="Keep the services and the daemon running until Ctrl-C.")
 def demo(workdir: Path | None, keep: bool) -> None:
-    """Start a local PostgreSQL (logical WAL), Apache Kafka and Redis, run the daemon, write rows, show the
-    events, then the Delta and cache sinks."""
+    """Start a local PostgreSQL (logical WAL), Apache Kafka, OpenSearch and Redis, run the daemon, write rows,
+    show the events, then the Delta, search and cache sinks."""
     setup_logging("WARNING", [])
     from cdc.local.demo import run_demo
     from cdc.local.process import ServiceUnavailable

@@ -166,8 +166,8 @@ def _url_secrets(value: str) -> list[str]:
     return [password, unquote(password)] if password else []
 
 
-def _url_check(what: str, schemes: tuple[str, ...], example: str) -> Callable[[str, str], None]:
-    """A check that a setting is a URL of one of `schemes` (with a host, or a path for unix)."""
+def _url_check(what: str, schemes: tuple[str, ...], example: str, path_alone: bool) -> Callable[[str, str], None]:
+    """A check that a setting is a URL of one of `schemes`, with a host (or, `path_alone`, a path)."""
 
     def check(where: str, value: str) -> None:
         from urllib.parse import urlsplit
@@ -177,14 +177,16 @@ def _url_check(what: str, schemes: tuple[str, ...], example: str) -> Callable[[s
             url.port  # noqa: B018 (a port that is not a number raises here)
         except ValueError as exc:
             raise ConfigError(f"{where} is not {what} ({exc}): use {example}") from None
-        if url.scheme not in schemes or not (url.hostname or (url.scheme == "unix" and url.path)):
+        if url.scheme not in schemes or not (url.hostname or (path_alone and url.path)):
             raise ConfigError(f"{where} is not {what}: use {example}")
 
     return check
 
 
-_check_cache_url = _url_check("a Redis URL", ("redis", "rediss", "unix"), "redis://host:port/db or rediss:// for TLS")
-_check_search_url = _url_check("an HTTP URL", ("http", "https"), "http://host:9200 or https:// for TLS")
+_check_cache_url = _url_check(
+    "a Redis URL", ("redis", "rediss", "unix"), "redis://host:port/db or rediss:// for TLS", path_alone=True
+)
+_check_search_url = _url_check("an HTTP URL", ("http", "https"), "http://host:9200 or https:// for TLS", path_alone=False)
 
 
 def _check_host(where: str, value: str) -> None:

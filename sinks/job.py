@@ -4,9 +4,9 @@ Per micro-batch (on the driver; the work runs on the executors): decode the reco
 send what cannot be decoded to the dead-letter topic, then either split by table, decode
 each event with its table version and let a store of typed columns apply each table
 (Delta), or hand every table's events to a store of the events' JSON in one pass (the
-cache, the search index); last, record the progress in LSN terms. Offsets live in the Spark checkpoint,
-which advances only after the batch function returned: a batch whose store write failed
-is read again.
+cache, the search index; what it rejects goes to the dead-letter topic too); last, record
+the progress in LSN terms. Offsets live in the Spark checkpoint, which advances only
+after the batch function returned: a batch whose store write failed is read again.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 import urllib3
@@ -267,3 +268,17 @@ def test_an_unreachable_index_is_one_line(tmp_path: Path) -> None:
     assert line.startswith(f"error: cannot reach OpenSearch at http://app:***@127.0.0.1:{port} (")
     assert line.endswith("): start it, or fix [search] url")
     assert len(line.splitlines()) == 1 and "s3cret" not in done.stdout + done.stderr
+
+
+def test_delete_markers_expire_when_the_job_starts(opensearch: LocalOpenSearch, topic_prefix: str) -> None:
+    from cdc.config import SearchConfig
+    from sinks.search import SearchStore
+
+    base, alias = opensearch.url, alias_name(f"{topic_prefix}.public.t")
+    _ok(base, "PUT", f"/{markers_name(alias)}", {"settings": {"index": {"hidden": True, "number_of_replicas": 0}}})
+    now_ms = int(time.time() * 1000)
+    for key, at in (('{"id":1}', now_ms - 3_600_000), ('{"id":2}', now_ms)):
+        _ok(base, "PUT", f"/{markers_name(alias)}/_doc/{quote(key, safe='')}?version=5&version_type=external_gte"
+            "&refresh=true", {"at": at})
+    SearchStore(None, SearchConfig(url=base, replicas=0, marker_ttl_s=60), topic_prefix).start(resumed=False)  # type: ignore[arg-type]
+    assert _documents(base, markers_name(alias), source=False) == {'{"id":2}': 5}
