@@ -31,7 +31,7 @@ from cdc.redact import display_url
 from sinks.batch import ChangeBatch
 from sinks.latest import COLUMNS, Change, last_changes
 from sinks.search_shapes import Documents, alias_name, index_name, mapping, markers_name
-from sinks.shapes import Version
+from sinks.shapes import Registry, Version
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,11 @@ class Client:
             delay = min(delay * 2, 10.0)
         raise AssertionError("unreachable")
 
-    def ok(self, method: str, path: str, body: Any = None) -> Any:
+    def ok(self, method: str, path: str, body: Any = None, missing_ok: bool = False) -> Any:
+        """The answer of a request that must succeed; None for a 404 when `missing_ok`."""
         status, answer = self.request(method, path, body)
+        if status == 404 and missing_ok:
+            return None
         if status >= 300:
             raise RuntimeError(f"{self.where}: {method} {path.split('?')[0]}: HTTP {status} {_reason(answer)}")
         return answer
@@ -194,7 +197,7 @@ class Bulk:
         self.client = client
         self.settings = settings
         self.rejected: list[tuple[str, int, int, str]] = []  # topic, partition, offset, reason
-        self.applied = self.stale = 0
+        self.applied = 0
 
     def send(self, actions: list[Action]) -> None:
         delay = 0.5
@@ -233,8 +236,8 @@ class Bulk:
             code = result["status"]
             if code < 300:
                 self.applied += 1
-            elif code == 409:
-                self.stale += 1
+            elif code == 409:  # a stale write, skipped
+                continue
             elif code == 404 and op == "delete":
                 continue
             elif code in RETRIABLE or code >= 500:
@@ -260,9 +263,9 @@ class PartitionWriter:
     """Writes one Spark partition's changes (runs on an executor); yields the records
     OpenSearch rejected: (topic, partition, offset, reason)."""
 
-    def __init__(self, settings: Settings, versions: dict[str, list[Version]]) -> None:
+    def __init__(self, settings: Settings, registry: Registry) -> None:
         self.settings = settings
-        self.versions = versions
+        self.registry = registry
 
     def __call__(self, rows: Iterable[Row]) -> Iterator[tuple[str, int, int, str]]:
         changes = last_changes(rows)
@@ -270,7 +273,7 @@ class PartitionWriter:
         if first is None:  # most partitions of a batch hold other tables' records, or none
             return
         changes = itertools.chain([first], changes)
-        documents = Documents(self.versions)
+        documents = Documents(self.registry)
         client = self.settings.client()
         try:
             bulk = Bulk(client, self.settings)
@@ -396,10 +399,8 @@ class SearchStore:
 
     def _aliases(self, client: Client) -> set[str]:
         """The prefix's aliases the cluster has."""
-        status, answer = client.request("GET", f"/_alias/{_path(alias_name(self.prefix))}.*")
-        if status >= 300 and status != 404:
-            raise RuntimeError(f"{client.where}: GET _alias: HTTP {status} {_reason(answer)}")
-        return {alias for index in answer.values() if isinstance(index, dict) for alias in index.get("aliases", {})}
+        answer = client.ok("GET", f"/_alias/{_path(alias_name(self.prefix))}.*", missing_ok=True) or {}
+        return {alias for index in answer.values() for alias in index.get("aliases", {})}
 
     def _ensure_meta(self, client: Client) -> None:
         body = {"settings": {"index": {"number_of_shards": 1, "number_of_replicas": self.config.replicas,
@@ -429,11 +430,11 @@ class SearchStore:
         alias = alias_name(topic)
         fields = mapping(version, self.flat)["properties"]
         if alias not in self.mapped:
-            status, answer = client.request("GET", f"/{_path(alias)}/_mapping")
-            if status == 404 and alias in self.filled:
+            answer = client.ok("GET", f"/{_path(alias)}/_mapping", missing_ok=True)
+            if answer is None and alias in self.filled:
                 raise StoreLost(f"{client.where} lost the index behind {alias}, which this job filled")
             self.filled.add(alias)
-            if status == 404:
+            if answer is None:
                 settings = {"number_of_shards": self.config.shards, "number_of_replicas": self.config.replicas}
                 _create(client, index_name(alias), {"settings": {"index": settings}, "mappings": mapping(version, self.flat),
                                                     "aliases": {alias: {}}})
@@ -442,8 +443,6 @@ class SearchStore:
                 log.info("%s: created index %s behind alias %s", client.where, index_name(alias), alias)
                 self.mapped[alias] = set(fields)
                 return
-            if status >= 300:
-                raise RuntimeError(f"{client.where}: GET {alias}/_mapping: HTTP {status} {_reason(answer)}")
             (concrete,) = answer.values()
             self.mapped[alias] = set(concrete["mappings"].get("properties", {}))
         new = {name: spec for name, spec in fields.items() if name not in self.mapped[alias]}
@@ -463,13 +462,12 @@ class SearchStore:
                     self._truncate(client, topic, truncates[-1][0])
         finally:
             client.close()
-        versions = {topic: registry.versions(topic) for topic in topics}
         rows = batch.changes().select(*COLUMNS)
         # Each topic partition is one Spark partition (the job only coalesces them), so a
         # key's changes are together: sorted within partitions they are in offset order
         rejected = (
             rows.sortWithinPartitions("_cdc_topic", "_cdc_key", "_cdc_offset")
-            .rdd.mapPartitions(PartitionWriter(self.settings, versions)).collect()
+            .rdd.mapPartitions(PartitionWriter(self.settings, registry)).collect()
         )
         if self.settings.refresh == "batch" and topics:  # searchable when the batch commits
             client = self._client()
@@ -511,11 +509,9 @@ def _create(client: Client, name: str, body: dict[str, Any]) -> None:
 def _scroll(client: Client, path: str, query: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
     """The hits of a search, a page at a time (the scroll API: every distribution has it)."""
     joiner = "&" if "?" in path else "?"
-    status, answer = client.request("POST", f"{path}{joiner}scroll=1m", query)
-    if status == 404:
+    answer = client.ok("POST", f"{path}{joiner}scroll=1m", query, missing_ok=True)
+    if answer is None:
         return
-    if status >= 300:
-        raise RuntimeError(f"{client.where}: search {path}: HTTP {status} {_reason(answer)}")
     scroll_id = answer.get("_scroll_id")
     try:
         while hits := answer["hits"]["hits"]:

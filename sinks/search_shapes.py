@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from sinks.shapes import ColumnShape, Version
+from sinks.shapes import Registry, Version
 
 #: dates and timestamps: ISO text, or epoch ms beyond years 1-9999 (infinities included);
 #: a value OpenSearch cannot read (timestamptz `infinity`) stays in `_source`, unindexed
@@ -45,9 +45,9 @@ def alias_name(topic: str) -> str:
     return alias
 
 
-def index_name(alias: str, generation: int = 1) -> str:
+def index_name(alias: str) -> str:
     """The concrete index behind an alias (`-v`: never in an alias)."""
-    return f"{alias}-v{generation}"
+    return f"{alias}-v1"
 
 
 def markers_name(alias: str) -> str:
@@ -138,22 +138,19 @@ def _converter(connect: dict[str, Any], in_array: bool = False) -> Callable[[Any
 class Documents:
     """Rows (the events' `after`) into `_source` documents, by the version of their commit LSN."""
 
-    def __init__(self, versions: dict[str, list[Version]]) -> None:
-        self.versions = versions
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
         self._plans: dict[tuple[str, int], dict[str, Callable[[Any], Any]]] = {}
 
-    def _plan(self, topic: str, lsn: int | None) -> dict[str, Callable[[Any], Any]]:
-        versions = self.versions.get(topic, [])
-        at = [v for v in versions if lsn is None or v.from_lsn <= lsn]
-        version = at[-1] if at else versions[0]
+    def _plan(self, topic: str, lsn: int) -> dict[str, Callable[[Any], Any]]:
+        version = self.registry.at(topic, lsn) or self.registry.versions(topic)[0]  # as the job decodes
         plan = self._plans.get((topic, version.from_lsn))
         if plan is None:
-            columns: tuple[ColumnShape, ...] = version.columns
-            plan = {c.name: f for c in columns if (f := _converter(c.connect)) is not None}
+            plan = {c.name: f for c in version.columns if (f := _converter(c.connect)) is not None}
             self._plans[(topic, version.from_lsn)] = plan
         return plan
 
-    def source(self, topic: str, lsn: int | None, row: dict[str, Any]) -> dict[str, Any]:
+    def source(self, topic: str, lsn: int, row: dict[str, Any]) -> dict[str, Any]:
         for name, convert in self._plan(topic, lsn).items():
             if row.get(name) is not None:
                 row[name] = convert(row[name])

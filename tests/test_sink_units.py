@@ -281,7 +281,7 @@ def test_search_documents_turn_dates_into_iso_text_and_json_into_objects() -> No
     )
     v1 = Version("public", "t", "p.public.t", 0, columns)
     v2 = Version("public", "t", "p.public.t", 100, (_column("d", "text", {"type": "string"}),))
-    docs = Documents({"p.public.t": [v1, v2]})
+    docs = Documents(Registry([v1, v2]))
     assert docs.source("p.public.t", 50, {
         "d": 19782, "ts": 1704164645678901, "t3": 1704164645678, "j": '{"k": [1, 2]}', "da": [0, None, -1],
     }) == {
