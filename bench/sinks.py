@@ -2,6 +2,7 @@
 
     python bench/sinks.py [--changes 1000000] [--tables 4] [--max-offsets 200000,1000000]
                           [--stores delta,search,cache] [--fresh-rate 1000] [--fresh-seconds 45]
+                          [--fresh-warmup 15]
                           [--skip-freshness] [--driver-memory 2g] [--keep]
 
 It starts its own throwaway PostgreSQL (fsync off, synchronous_commit off) and Apache Kafka
@@ -29,7 +30,8 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    same value.
 4. Freshness, per store: `cdc run` and `cdc sink <store>` (streaming, [spark]
    trigger_interval_s = --trigger-interval) on the warehouse of the last apply run; a
-   writer offers --fresh-rate single-row transactions/s for --fresh-seconds (half insert
+   writer offers --fresh-rate single-row transactions/s for --fresh-warmup seconds (not
+   measured: the JVMs compile the batch's hot code), then for --fresh-seconds (half insert
    a marker row into `public.zz_fresh`, half update a random row of the backlog tables,
    so every micro-batch also MERGEs into the big tables); the client time after each
    marker's COMMIT is its commit time. A reader child polls the store (Delta: the
@@ -111,6 +113,7 @@ WHERE id = ANY(%s)"""
 UPDATE_ONE = "UPDATE {t} SET amount = amount + 0.01, at = clock_timestamp(), qty = qty + 1 WHERE id = %s"
 INSERT_MARKER = f"INSERT INTO {FRESH_TABLE} (id, note, at) VALUES (%s, 'marker', clock_timestamp())"
 MARKER_RANGE = 10_000_000  # the markers of freshness phase k are k * MARKER_RANGE + 1, 2, ...; warm-up ones negative
+WARMUP_IDS = 1_000  # the load's warm-up markers: -(k * MARKER_RANGE + WARMUP_IDS + 1), ...
 KIND_LINE = re.compile(r"sinks\.delta DEBUG (\S+): ((?:\w+ [0-9.]+ s(?:, )?)+)")
 BATCH_LINE = re.compile(r"batch (\d+): (\d+) records of (\d+) tables in ([0-9.]+) s")
 
@@ -701,7 +704,8 @@ class SinksBench(Bench):
         config = self.config(name, store, trigger_interval_s=a.trigger_interval,
                              max_offsets_per_trigger=a.max_offsets[0])
         result = self.fresh[store.name] = Freshness(store.name, a.fresh_rate)
-        self.log(f"freshness ({store.name}): {a.fresh_rate:,} tx/s for {a.fresh_seconds} s")
+        self.log(f"freshness ({store.name}): {a.fresh_rate:,} tx/s for {a.fresh_warmup} s of warm-up, then "
+                 f"{a.fresh_seconds} s measured")
         daemon, daemon_log, _ = self.start_daemon_config(config, f"fresh-{store.name}")
         argv = [sys.executable, "-m", "cdc", "sink", store.name, "--config", str(config)]
         result.command = shlex.join(argv)
@@ -778,35 +782,46 @@ class SinksBench(Bench):
 
     def paced_writes(self, conn: psycopg.Connection, sink: subprocess.Popen,
                      result: Freshness, base: int) -> tuple[int, float, dict[int, float]]:
-        """--fresh-rate single-row autocommit transactions/s; even ones insert a marker."""
+        """--fresh-rate single-row autocommit transactions/s; even ones insert a marker. The
+        first --fresh-warmup seconds are the same load, not measured (their markers have
+        negative ids): the JVMs compile the batch's hot code meanwhile."""
         a = self.args
         rng = random.Random(a.seed + 1)
-        rate, total = a.fresh_rate, int(a.fresh_rate * a.fresh_seconds)
+        rate, warmup = a.fresh_rate, int(a.fresh_rate * a.fresh_warmup)
+        total = warmup + int(a.fresh_rate * a.fresh_seconds)
         updates = [(UPDATE_ONE.format(t=t), self.inserted[t]) for t in self.tables if self.inserted.get(t)]
         commits: dict[int, float] = {}
         execute = conn.execute
         assert self.broker is not None
-        window = CpuWindow({"sink": sink.pid}).start()
+        window = CpuWindow({"sink": sink.pid})
         t0 = time.monotonic()
-        sent, marker = 0, 0
+        measured_from = t0
+        sent, marker, warm = 0, 0, 0
         while sent < total:
+            if sent == warmup:
+                window.start()
+                measured_from = time.monotonic()
             due = t0 + sent / rate
             now = time.monotonic()
             if due > now:
                 time.sleep(due - now)
             if sent % 2 == 0 or not updates:
-                marker += 1
-                execute(INSERT_MARKER, (base + marker,))
-                commits[base + marker] = time.time()
+                if sent < warmup:
+                    warm += 1
+                    execute(INSERT_MARKER, (-(base + WARMUP_IDS + warm),))
+                else:
+                    marker += 1
+                    execute(INSERT_MARKER, (base + marker,))
+                    commits[base + marker] = time.time()
             else:
                 sql, top = updates[rng.randrange(len(updates))]
                 execute(sql, (rng.randint(1, top),))
             sent += 1
-        elapsed = time.monotonic() - t0
+        elapsed = time.monotonic() - measured_from
         window.stop()
         result.sink_cpu_s = window.used.get("sink")
         result.machine_busy_cores = window.machine_busy_cores
-        return sent, elapsed, commits
+        return sent - warmup, elapsed, commits
 
     # -- the whole run ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -876,7 +891,8 @@ class SinksBench(Bench):
             cores = f"{_f(f.sink_cpu_s)} ({f.sink_cpu_s / f.seconds:.2f})" if f.sink_cpu_s and f.seconds else "-"
             slowest = max((s for _b, _n, s in f.batches), default=None)
             out.append(
-                f"| freshness: {f.store}, {f.offered_tps:,} tx/s offered ({f.achieved_tps:,.0f} achieved) | "
+                f"| freshness: {f.store}, {f.offered_tps:,} tx/s offered ({f.achieved_tps:,.0f} achieved) after "
+                f"{_f(a.fresh_warmup)} s of warm-up | "
                 f"{a.max_offsets[0]:,} | {f.transactions:,} tx | {f.seconds:.1f} | - | - | {_f(f.startup_s)} (to first "
                 f"visible) | {len(f.batches)} ({_f(slowest)}) | {cores} | {_f(f.machine_busy_cores)} |"
             )
@@ -1086,6 +1102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-freshness", action="store_true", help="skip the freshness phase")
     parser.add_argument("--fresh-rate", type=int, default=1000, help="offered transactions/s (default 1000)")
     parser.add_argument("--fresh-seconds", type=float, default=45, help="length of the freshness load (default 45)")
+    parser.add_argument("--fresh-warmup", type=float, default=15,
+                        help="seconds of the same load before the measured part (default 15)")
     parser.add_argument("--trigger-interval", type=float, default=0.5, help="[spark] trigger_interval_s while streaming")
     parser.add_argument("--poll-ms", type=int, default=100, help="the freshness reader's polling period")
     parser.add_argument("--drain-seconds", type=float, default=300, help="wait this long for the last markers")

@@ -47,6 +47,9 @@ from sinks.envelope import CHANGE_COLUMNS
 log = logging.getLogger(__name__)
 
 KINDS = ("current", "changes", "history")
+#: a table is compacted (OPTIMIZE's bin-packing) after this many of the job's commits to it:
+#: each batch adds small files, and a MERGE or a scan pays per file
+COMPACT_EVERY = 50
 
 
 def _struct(*fields: tuple[str, DataType]) -> StructType:
@@ -127,6 +130,7 @@ class DeltaStore:
         self.root = root
         self._watermarks: dict[str, dict[int, int]] = {}  # table path -> partition -> offset
         self._schemas: dict[str, dict[str, DataType]] = {}  # table path -> its columns, as last seen
+        self._commits: dict[str, int] = {}  # table path -> this job's writes to it
 
     # -- tables ----------------------------------------------------------------------
     def _table(self, path: str, columns: dict[str, DataType], meta: StructType, what: str) -> DeltaTable:
@@ -211,8 +215,21 @@ class DeltaStore:
         for kind, write in (("changes", self._changes), ("current", self._current), ("history", self._history)):
             started = time.monotonic()
             write(batch)
+            self._compact_now_and_then(table_path(self.root, kind, batch.topic))
             took.append(f"{kind} {time.monotonic() - started:.1f} s")
         log.debug("%s: %s", batch.display, ", ".join(took))
+
+    def _compact_now_and_then(self, path: str) -> None:
+        """Bin-pack the table's small files every COMPACT_EVERY writes (after the write: a
+        crash in between leaves a table that is only less compact)."""
+        done = self._commits[path] = self._commits.get(path, 0) + 1
+        if done % COMPACT_EVERY == 0:
+            started = time.monotonic()
+            metrics = DeltaTable.forPath(self.spark, path).optimize().executeCompaction().collect()[0].metrics
+            log.info(
+                "%s: %d files compacted into %d in %.1f s", path, metrics.numFilesRemoved, metrics.numFilesAdded,
+                time.monotonic() - started,
+            )
 
     def _changes(self, batch: TableBatch) -> None:
         path = table_path(self.root, "changes", batch.topic)

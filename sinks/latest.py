@@ -10,12 +10,11 @@ of its column; what the batch lacks the store fills from the row it holds.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from pyspark.sql import Row
 
 from sinks.shapes import UNAVAILABLE_FORMS
 
@@ -60,25 +59,30 @@ class Change:
         return position(self.lsn, self.seq)
 
 
+_TEXT_PLACEHOLDERS = frozenset(p for p in _PLACEHOLDERS if isinstance(p, str))
+_OTHER_PLACEHOLDERS = tuple(p for p in _PLACEHOLDERS if not isinstance(p, str))
+
+
 def _unavailable(value: Any) -> bool:
-    return any(value == p for p in _PLACEHOLDERS)
+    if isinstance(value, str):
+        return value in _TEXT_PLACEHOLDERS
+    return isinstance(value, (list, dict)) and value in _OTHER_PLACEHOLDERS
 
 
-def last_changes(rows: Iterable[Row]) -> Iterator[tuple[str, Change]]:
-    """Rows sorted by topic, key, offset -> (topic, the last change of each key). A
-    tombstone keeps its d's position."""
-    for (topic, raw), events in itertools.groupby(rows, key=lambda r: (r["_cdc_topic"], r["_cdc_key"])):
+def last_changes(rows: Iterable[Sequence[Any]]) -> Iterator[tuple[str, Change]]:
+    """Rows (COLUMNS, in that order) sorted by topic, key, offset -> (topic, the last change
+    of each key). A tombstone keeps its d's position."""
+    for (topic, raw), events in itertools.groupby(rows, key=lambda r: (r[0], r[1])):
         key = canonical_key(raw)
         last: Change | None = None
-        for e in events:
-            where = (e["_cdc_partition"], e["_cdc_offset"])
-            if e["_cdc_tombstone"]:
+        for _, _, op, lsn, seq, partition, offset, tombstone, after in events:
+            if tombstone:
                 lsn, seq = (last.lsn, last.seq) if last is not None and last.kind == "d" else (None, None)
-                last = Change(key, "d", lsn, seq, *where)
-            elif e["_cdc_op"] == "d":
-                last = Change(key, "d", e["_cdc_lsn"], e["_cdc_seq"], *where)
+                last = Change(key, "d", lsn, seq, partition, offset)
+            elif op == "d":
+                last = Change(key, "d", lsn, seq, partition, offset)
             else:
-                row = orjson.loads(e["after"])
+                row = orjson.loads(after)
                 earlier = last.row if last is not None and last.row is not None else {}
                 missing = []
                 for name, value in row.items():
@@ -87,6 +91,6 @@ def last_changes(rows: Iterable[Row]) -> Iterator[tuple[str, Change]]:
                             row[name] = earlier[name]
                         else:
                             missing.append(name)
-                last = Change(key, "u", e["_cdc_lsn"], e["_cdc_seq"], *where, row, tuple(missing))
+                last = Change(key, "u", lsn, seq, partition, offset, row, tuple(missing))
         if last is not None:
             yield topic, last

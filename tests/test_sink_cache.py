@@ -19,8 +19,8 @@ from cdc.local.redis import LocalRedis
 from cdc.redact import display_url
 from compaction.reader import read_topic
 from compaction.table import build
-from sinks.cache import GUARD
-from sinks.latest import canonical_key, position
+from sinks.cache import GUARD, PartitionWriter, Settings
+from sinks.latest import COLUMNS, canonical_key, last_changes, position
 from tests.support import Sink, acct_changes_captured, acct_rows, cdc, wait_caught_up, write_config
 from tests.test_sink_delta import CHANGES, SEED
 
@@ -193,6 +193,33 @@ def test_the_guard_applies_a_change_only_over_a_lower_position(redis_server: Loc
     assert change("t", p[3], 0) == 0 and client.get(row) == b'{"v":4}'
     assert change("t", p[5], 0) == 1 and client.get(row) is None
     assert change("u", p[4], 15, b'{"v":4}') == 0
+
+
+def test_the_writer_packs_its_own_commands_and_reloads_a_lost_script(redis_server: LocalRedis) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    topic = "w.public.packed"
+    client.delete(*client.keys(f"*{topic}*") or ["none"])
+
+    def rows(*changes: tuple[int, str | None, int, dict | None]) -> list[tuple]:
+        out = []
+        for key, op, offset, after in changes:
+            row = {"_cdc_topic": topic, "_cdc_key": orjson.dumps({"id": key}).decode(), "_cdc_op": op,
+                   "_cdc_lsn": 100 + offset, "_cdc_seq": 0, "_cdc_partition": 0, "_cdc_offset": offset,
+                   "_cdc_tombstone": op is None, "after": orjson.dumps(after).decode() if after else None}
+            out.append(tuple(row[name] for name in COLUMNS))
+        return sorted(out, key=lambda r: (r[1], r[6]))
+
+    writer = PartitionWriter(Settings(redis_server.url, "", "", 60_000, 0))
+    writer(iter(rows((1, "c", 1, {"id": 1, "s": "a\r\nb é"}), (2, "c", 2, {"id": 2}), (2, "d", 3, None))))
+    assert orjson.loads(client.get(f'{topic}:{{"id":1}}')) == {"id": 1, "s": "a\r\nb é"}
+    assert client.get(f'{topic}:{{"id":2}}') is None and client.hget(f'__cdc:{topic}:{{"id":2}}', "del") == b"1"
+    assert client.smembers(f"__cdc:{topic}:keys") == {b'{"id":1}'}  # the keys a truncate walks: rows held
+    # a Redis that lost its scripts (a restart, SCRIPT FLUSH) gets the guard again, the chunk is replayed
+    client.script_flush()
+    chunk = list(last_changes(rows((3, "c", 4, {"id": 3}), (1, "u", 5, {"id": 1, "s": "z"}))))
+    writer._send(client, writer._commands(chunk))
+    assert orjson.loads(client.get(f'{topic}:{{"id":3}}')) == {"id": 3}
+    assert orjson.loads(client.get(f'{topic}:{{"id":1}}')) == {"id": 1, "s": "z"}
 
 
 def test_an_unreachable_cache_is_one_line(tmp_path: Path) -> None:

@@ -395,7 +395,7 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
     history = sorted(tuple(r) for r in _table(spark, warehouse, "history", "acct").select(*history_columns).collect())
     done = cdc("delta", "optimize", "--config", str(config), timeout=SINK_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    # every table is optimized (auto compaction may have left nothing to do: "0 files compacted into 0")
+    # every table is optimized (the job's own compaction may have left nothing to do: "0 files compacted into 0")
     for kind in ("current", "changes", "history"):
         assert re.search(rf"{re.escape(str(warehouse))}/{kind}/public/acct: \d+ files compacted into \d+", done.stdout)
     done = cdc("delta", "rebuild-history", "--config", str(config), timeout=SINK_TIMEOUT_S)

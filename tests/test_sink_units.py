@@ -172,12 +172,16 @@ def test_spark_kafka_options_carry_sasl_credentials_quoted() -> None:
 
 
 def _event(key: str, offset: int, op: str | None, after: dict | None = None, lsn: int | None = None,
-           topic: str = "p.public.t") -> dict:
-    return {
+           topic: str = "p.public.t") -> tuple:
+    """A change row as the stores' writers get it: sinks.latest.COLUMNS, in that order."""
+    from sinks.latest import COLUMNS
+
+    row = {
         "_cdc_topic": topic, "_cdc_key": key, "_cdc_op": op, "_cdc_lsn": lsn, "_cdc_seq": lsn,
         "_cdc_partition": 0, "_cdc_offset": offset, "_cdc_tombstone": op is None,
         "after": orjson.dumps(after).decode() if after is not None else None,
     }
+    return tuple(row[name] for name in COLUMNS)
 
 
 def test_the_cache_keeps_the_last_change_of_each_key_with_toasted_values_carried() -> None:
