@@ -152,6 +152,44 @@ def _command(*parts: bytes) -> bytes:
     return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%b\r\n" % (len(p), p) for p in parts)
 
 
+def guarded(key: str, kind: str, pos: str, partition: int, offset: int, row: bytes, row_ttl_ms: int,
+             marker_ttl_ms: int) -> bytes:
+    """One call of GUARD on the row `key` (`<topic>:<key JSON>`) and its position hash."""
+    name = key.encode()
+    return _command(
+        b"EVALSHA", GUARD_SHA, b"2", name, META.encode() + name, kind.encode(), pos.encode(), b"%d" % partition,
+        b"%d" % offset, row, b"%d" % row_ttl_ms, b"%d" % marker_ttl_ms,
+    )
+
+
+def round_trip(client: Any, commands: list[bytes], attempts: int = 6) -> list[Any]:
+    """Send the commands in one round trip and read every reply. A lost connection is retried
+    with backoff, a server that lost GUARD (a restart, SCRIPT FLUSH) gets it again: replaying
+    every command is safe, every write is position-guarded."""
+    import redis
+
+    pool = client.connection_pool
+    for attempt in range(attempts):
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([b"".join(commands)])
+            return [conn.read_response() for _ in commands]
+        except redis.exceptions.NoScriptError:
+            conn.disconnect()  # the other replies are left unread
+            client.script_load(GUARD)
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            if attempt == attempts - 1:
+                raise
+            time.sleep(min(10.0, 0.5 * 2**attempt))
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+    raise RuntimeError(f"Redis kept losing the guard script over {attempts} attempts")
+
+
 class PartitionWriter:
     """Writes one Spark partition's changes (runs on an executor)."""
 
@@ -169,57 +207,24 @@ class PartitionWriter:
             client.script_load(GUARD)
             while chunk := list(itertools.islice(changes, PIPELINE_KEYS)):
                 self._fill_toasted(client, chunk)
-                self._send(client, self._commands(chunk))
+                round_trip(client, self._commands(chunk))
         finally:
             client.close()
 
     def _commands(self, chunk: list[tuple[str, Change]]) -> list[bytes]:
         """The chunk's script calls, then one SADD per table of the keys it upserts."""
-        ttls = (b"%d" % self.settings.row_ttl_ms, b"%d" % self.settings.marker_ttl_ms)
+        settings = self.settings
         commands: list[bytes] = []
         upserted: dict[str, list[bytes]] = {}
         for topic, change in chunk:
-            key = row_key(topic, change.key).encode()
             if change.kind == "u":
                 upserted.setdefault(topic, []).append(change.key.encode())
             value = orjson.dumps(change.row) if change.row is not None else b""
-            commands.append(_command(
-                b"EVALSHA", GUARD_SHA, b"2", key, META.encode() + key, change.kind.encode(), change.pos.encode(),
-                b"%d" % change.partition, b"%d" % change.offset, value, *ttls,
-            ))
+            commands.append(guarded(row_key(topic, change.key), change.kind, change.pos, change.partition,
+                                     change.offset, value, settings.row_ttl_ms, settings.marker_ttl_ms))
         for topic, keys in upserted.items():
             commands.append(_command(b"SADD", f"{META}{topic}:keys".encode(), *keys))
         return commands
-
-    @staticmethod
-    def _send(client: Any, commands: list[bytes], attempts: int = 6) -> None:
-        """Send the commands in one round trip and read every reply. A lost connection is
-        retried with backoff, a server that lost the script gets it again: replaying the
-        whole chunk is safe, every write is position-guarded."""
-        import redis
-
-        pool = client.connection_pool
-        for attempt in range(attempts):
-            conn = pool.get_connection()
-            try:
-                conn.send_packed_command([b"".join(commands)])
-                for _ in commands:
-                    conn.read_response()
-                return
-            except redis.exceptions.NoScriptError:
-                conn.disconnect()  # the other replies are left unread
-                client.script_load(GUARD)
-            except (redis.ConnectionError, redis.TimeoutError):
-                conn.disconnect()
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(min(10.0, 0.5 * 2**attempt))
-            except BaseException:
-                conn.disconnect()
-                raise
-            finally:
-                pool.release(conn)
-        raise RuntimeError(f"Redis kept losing the guard script over {attempts} attempts")
 
     @staticmethod
     def _fill_toasted(client: Any, chunk: list[tuple[str, Change]]) -> None:
@@ -317,15 +322,12 @@ class CacheStore:
         client = self.settings.client()
         index = f"{META}{topic}:keys"
         try:
-            guard = client.register_script(GUARD)
+            client.script_load(GUARD)
             members = client.sscan_iter(index, count=PIPELINE_KEYS)
             while chunk := [m.decode() for m in itertools.islice(members, PIPELINE_KEYS)]:
-                pipe = client.pipeline(transaction=False)
-                for key in chunk:
-                    row = row_key(topic, key)
-                    guard(keys=[row, META + row], args=["t", pos, "", 0, b"", 0, self.settings.marker_ttl_ms],
-                          client=pipe)
-                done = [key for key, applied in zip(chunk, pipe.execute(), strict=True) if applied]
+                commands = [guarded(row_key(topic, key), "t", pos, 0, 0, b"", 0, self.settings.marker_ttl_ms)
+                            for key in chunk]
+                done = [key for key, applied in zip(chunk, round_trip(client, commands), strict=True) if applied]
                 if done:
                     client.srem(index, *done)
         finally:

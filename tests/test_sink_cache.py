@@ -19,7 +19,7 @@ from cdc.local.redis import LocalRedis
 from cdc.redact import display_url
 from compaction.reader import read_topic
 from compaction.table import build
-from sinks.cache import GUARD, PartitionWriter, Settings
+from sinks.cache import PartitionWriter, Settings, guarded, round_trip
 from sinks.latest import COLUMNS, canonical_key, last_changes, position
 from tests.support import Sink, acct_changes_captured, acct_rows, cdc, wait_caught_up, write_config
 from tests.test_sink_delta import CHANGES, SEED
@@ -166,12 +166,11 @@ def test_the_cache_job_on_a_standalone_cluster(
 
 def test_the_guard_applies_a_change_only_over_a_lower_position(redis_server: LocalRedis) -> None:
     client = redis.Redis.from_url(redis_server.url)
-    guard = client.register_script(GUARD)
     row, meta = "t.public.g:{\"id\":1}", "__cdc:t.public.g:{\"id\":1}"
     client.delete(row, meta)
 
     def change(kind: str, pos: str, offset: int, value: bytes = b"", partition: int = 0) -> int:
-        return guard(keys=[row, meta], args=[kind, pos, partition, offset, value, 0, 60000])
+        return round_trip(client, [guarded(row, kind, pos, partition, offset, value, 0, 60000)])[0]
 
     p = [position(100, i) for i in range(6)]
     assert change("u", p[1], 10, b'{"v":1}') == 1
@@ -217,7 +216,7 @@ def test_the_writer_packs_its_own_commands_and_reloads_a_lost_script(redis_serve
     # a Redis that lost its scripts (a restart, SCRIPT FLUSH) gets the guard again, the chunk is replayed
     client.script_flush()
     chunk = list(last_changes(rows((3, "c", 4, {"id": 3}), (1, "u", 5, {"id": 1, "s": "z"}))))
-    writer._send(client, writer._commands(chunk))
+    round_trip(client, writer._commands(chunk))
     assert orjson.loads(client.get(f'{topic}:{{"id":3}}')) == {"id": 3}
     assert orjson.loads(client.get(f'{topic}:{{"id":1}}')) == {"id": 1, "s": "z"}
 
