@@ -225,11 +225,13 @@ class DeltaStore:
         done = self._commits[path] = self._commits.get(path, 0) + 1
         if done % COMPACT_EVERY == 0:
             started = time.monotonic()
-            metrics = DeltaTable.forPath(self.spark, path).optimize().executeCompaction().collect()[0].metrics
-            log.info(
-                "%s: %d files compacted into %d in %.1f s", path, metrics.numFilesRemoved, metrics.numFilesAdded,
-                time.monotonic() - started,
-            )
+            removed, added = self._compact(path)
+            log.info("%s: %d files compacted into %d in %.1f s", path, removed, added, time.monotonic() - started)
+
+    def _compact(self, path: str) -> tuple[int, int]:
+        """OPTIMIZE's bin-packing of one table: (files removed, files added)."""
+        metrics = DeltaTable.forPath(self.spark, path).optimize().executeCompaction().collect()[0].metrics
+        return int(metrics.numFilesRemoved), int(metrics.numFilesAdded)
 
     def _changes(self, batch: TableBatch) -> None:
         path = table_path(self.root, "changes", batch.topic)
@@ -317,11 +319,7 @@ class DeltaStore:
 
     def optimize(self) -> list[tuple[str, int, int]]:
         """Compact small files; (table, files removed, files added) per table."""
-        out = []
-        for path in self.tables():
-            metrics = DeltaTable.forPath(self.spark, path).optimize().executeCompaction().collect()[0].metrics
-            out.append((path, int(metrics.numFilesRemoved), int(metrics.numFilesAdded)))
-        return out
+        return [(path, *self._compact(path)) for path in self.tables()]
 
     def vacuum(self, retain_hours: float) -> list[str]:
         """Delete files no version younger than `retain_hours` needs."""
