@@ -4,11 +4,12 @@ Exactly once per micro-batch, also across a crash between two commits, and also 
 checkpoint is deleted and the topics are replayed:
 - `current` MERGEs by key and applies a change only over a lower stored position (a
   lone tombstone, which has none, only over a lower offset of the same partition);
-- `changes` and new `history` versions are appended only above the table's own
+- `changes` rows and new `history` versions are written only above the table's own
   per-partition offset watermark, read back from the table when the job starts. This
   is what Delta's `txnAppId`/`txnVersion` gives, without tying it to a checkpoint: a
   deleted checkpoint restarts batch ids at 0, and Delta would skip those versions;
-- closing `history` versions is offset-guarded, so a retried batch closes nothing twice.
+- ending `history` versions is offset-guarded, so a retried batch ends nothing twice; one
+  MERGE ends the old versions and inserts the new ones, so they commit together.
 Tables use column mapping (any PostgreSQL column name works) and type widening.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -206,18 +207,27 @@ class DeltaStore:
     def done(self) -> None:
         """Nothing to check (see `start`)."""
 
-    def apply(self, batch: TableBatch) -> None:
+    def steps(self) -> tuple[Callable[[TableBatch], None], ...]:
+        """`current` first (every table's schema changes before it): readers of the current
+        state wait for nothing else; then the append-only `changes` and `history`."""
+        return (self._schemas_and_current, self._changes_and_history)
+
+    def _schemas_and_current(self, batch: TableBatch) -> None:
         # every schema change first: a type change a table cannot take stops before any write
         self._table(table_path(self.root, "changes", batch.topic), {}, _CHANGES, batch.display)
         for kind, meta in (("current", _CURRENT_META), ("history", _HISTORY_META)):
             self._table(table_path(self.root, kind, batch.topic), batch.columns, meta, batch.display)
-        took = []
-        for kind, write in (("changes", self._changes), ("current", self._current), ("history", self._history)):
-            started = time.monotonic()
-            write(batch)
-            self._compact_now_and_then(table_path(self.root, kind, batch.topic))
-            took.append(f"{kind} {time.monotonic() - started:.1f} s")
-        log.debug("%s: %s", batch.display, ", ".join(took))
+        self._write("current", self._current, batch)
+
+    def _changes_and_history(self, batch: TableBatch) -> None:
+        self._write("changes", self._changes, batch)
+        self._write("history", self._history, batch)
+
+    def _write(self, kind: str, write: Callable[[TableBatch], None], batch: TableBatch) -> None:
+        started = time.monotonic()
+        write(batch)
+        self._compact_now_and_then(table_path(self.root, kind, batch.topic))
+        log.debug("%s: %s %.1f s", batch.display, kind, time.monotonic() - started)
 
     def _compact_now_and_then(self, path: str) -> None:
         """Bin-pack the table's small files every COMPACT_EVERY writes (after the write: a
@@ -266,23 +276,25 @@ class DeltaStore:
         )
 
     def _history(self, batch: TableBatch) -> None:
+        """One MERGE: it ends the current versions of the batch's keys and inserts the batch's
+        new versions (those with a null `_merge_key`, which match nothing)."""
         path = table_path(self.root, "history", batch.topic)
         table = self._table(path, batch.columns, _HISTORY_META, batch.display)
-        first = history.first_changes(batch.rows)
-        closes_by_delete = "s._cdc_tombstone OR s._cdc_op = 'd'"
+        new = history.versions(batch.rows, batch.columns, batch.truncates).where(_above(self._watermark(path)))
+        source = history.first_changes(batch.rows).withColumn("_merge_key", F.col("_cdc_key")).unionByName(
+            new.withColumn("_merge_key", F.lit(None).cast(_TEXT)), allowMissingColumns=True
+        )
         (
             table.alias("t")
-            .merge(first.alias("s"), "t._cdc_key = s._cdc_key AND t._cdc_is_current AND t._cdc_offset < s._cdc_offset")
-            .whenMatchedUpdate(set={
-                "_cdc_valid_to": "s._cdc_ts",
-                "_cdc_valid_to_lsn": "s._cdc_lsn",
-                "_cdc_valid_to_seq": "s._cdc_seq",
-                "_cdc_is_current": "false",
-                "_cdc_deleted": closes_by_delete,
-            })
+            .merge(source.alias("s"), "t._cdc_key = s._merge_key AND t._cdc_is_current AND t._cdc_offset < s._cdc_offset")
+            .whenMatchedUpdate(set=_ended(batch.truncates))
+            .whenNotMatchedInsert(
+                condition="s._merge_key IS NULL",
+                values={q(n): f"s.{q(n)}" for n in [*batch.columns, *_HISTORY_META.fieldNames()]},
+            )
             .execute()
         )
-        for lsn, seq, ts_ms in batch.truncates:
+        for lsn, seq, ts_ms in batch.truncates:  # the versions of keys the batch did not change
             table.update(
                 condition=f"_cdc_is_current AND (_cdc_valid_from_lsn < {lsn} OR "
                 f"(_cdc_valid_from_lsn = {lsn} AND _cdc_valid_from_seq < {seq}))",
@@ -294,8 +306,6 @@ class DeltaStore:
                     "_cdc_deleted": "true",
                 },
             )
-        new = history.versions(batch.rows, batch.columns, batch.truncates).where(_above(self._watermark(path)))
-        new.write.format("delta").mode("append").save(path)
         self._advance(path, batch.offsets)
 
     # -- maintenance -----------------------------------------------------------------
@@ -337,6 +347,30 @@ class DeltaStore:
             "overwriteSchema", "false"
         ).save(path)
         self._watermarks.pop(path, None)
+
+
+def _ended(truncates: list[tuple[int, int, int]]) -> dict[str, str | Column]:
+    """How history's MERGE ends a current version `t` by the key's first change `s`: at the first
+    truncate after `t` began, when that comes before `s` (or `s`, a lone tombstone, has no
+    position), else at `s`; a truncate or a delete marks it deleted."""
+    ends = {"ts": "s._cdc_ts", "lsn": "s._cdc_lsn", "seq": "s._cdc_seq"}
+    cases = {name: "" for name in ends}
+    deleted = "s._deletes"
+    for lsn, seq, ts_ms in truncates:
+        after_t = f"({lsn} > t._cdc_valid_from_lsn OR ({lsn} = t._cdc_valid_from_lsn AND {seq} > t._cdc_valid_from_seq))"
+        before_s = f"(s._cdc_lsn IS NULL OR {lsn} < s._cdc_lsn OR ({lsn} = s._cdc_lsn AND {seq} < s._cdc_seq))"
+        when = f" WHEN {after_t} AND {before_s} THEN "
+        for name, value in (("ts", f"timestamp_millis({ts_ms})"), ("lsn", str(lsn)), ("seq", str(seq))):
+            cases[name] += when + value
+        deleted = f"({after_t} AND {before_s}) OR " + deleted
+    end = {name: f"CASE{cases[name]} ELSE {ends[name]} END" if cases[name] else ends[name] for name in ends}
+    return {
+        "_cdc_valid_to": end["ts"],
+        "_cdc_valid_to_lsn": end["lsn"],
+        "_cdc_valid_to_seq": end["seq"],
+        "_cdc_is_current": "false",
+        "_cdc_deleted": deleted,
+    }
 
 
 def _sql_string(text: str) -> str:

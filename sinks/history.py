@@ -3,7 +3,8 @@
 A version is valid from its event's position until the next change of its key, or
 until the first truncate after it, whichever comes first; a delete (a `d`, a lone
 tombstone) or a truncate marks the closed version `_cdc_deleted`. The same function
-builds the versions of one micro-batch and rebuilds the whole history from `changes/`.
+builds the versions of one micro-batch and rebuilds the whole history from `changes/`;
+`first_changes` says where the versions of earlier batches end.
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def versions(rows: DataFrame, columns: dict[str, DataType], truncates: list[tupl
 
 
 def first_changes(rows: DataFrame) -> DataFrame:
-    """Per key, the batch's first change (it closes the key's version from earlier batches)."""
+    """Per key, the batch's first change (it ends the key's version from earlier batches, unless
+    a truncate of the batch comes between them): its position, offset and whether it deletes."""
     first = F.min_by(
-        F.struct("_cdc_lsn", "_cdc_seq", "_cdc_ts", "_cdc_op", "_cdc_tombstone", "_cdc_partition", "_cdc_offset"),
+        F.struct("_cdc_lsn", "_cdc_seq", "_cdc_ts", "_cdc_offset", (F.col("_cdc_op").isNull() | (F.col("_cdc_op") == "d")).alias("_deletes")),
         F.col("_cdc_offset"),
     )
     events = rows.where(F.col("_cdc_op").isNull() | (F.col("_cdc_op") != "t"))

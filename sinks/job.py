@@ -49,9 +49,11 @@ class _Lifecycle(Protocol):
 
 @runtime_checkable
 class TableStore(_Lifecycle, Protocol):
-    """A store of typed columns (the warehouse): one table of a batch at a time."""
+    """A store of typed columns (the warehouse): one table of a batch at a time, in steps. The
+    job runs a step for every table of the batch before the next step, so what the first step
+    writes (the current state) waits for no table's later steps."""
 
-    def apply(self, batch: TableBatch) -> None: ...
+    def steps(self) -> tuple[Callable[[TableBatch], None], ...]: ...
 
 
 @runtime_checkable
@@ -175,10 +177,7 @@ class SinkJob:
                     if rejected is not None:
                         self._dead_letters([rejected])
             else:
-                # tables in parallel: a table's writes are a chain of small Spark jobs and Delta
-                # commits, mostly waiting; several chains keep the executors busy
-                with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
-                    list(pool.map(lambda w: self._apply(store, registry, *w), work))
+                self._apply_tables(store, registry, work)
             written_at = time.monotonic()
             store.done()
             applied = {topic: stat["high"] for topic, stat, _ in work if stat["high"] is not None}
@@ -229,23 +228,40 @@ class SinkJob:
             stat["truncates"].sort()
         return stats
 
-    def _apply(self, store: TableStore, registry: Registry, topic: str, stat: dict[str, Any], rows: DataFrame) -> None:
-        """Decode one table's rows, send those that do not decode away, let the store apply the rest."""
+    def _apply_tables(
+        self, store: TableStore, registry: Registry, work: list[tuple[str, dict[str, Any], DataFrame]]
+    ) -> None:
+        """Tables in parallel threads: a table's writes are a chain of small Spark jobs and
+        Delta commits, mostly waiting; several chains keep the executors busy."""
+        decoded: list[DataFrame] = []
+        with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
+            try:
+                batches = list(pool.map(lambda w: self._decode(registry, w, decoded), work))
+                for step in store.steps():
+                    list(pool.map(step, batches))
+            finally:
+                for rows in decoded:
+                    rows.unpersist()
+
+    def _decode(
+        self, registry: Registry, work: tuple[str, dict[str, Any], DataFrame], kept: list[DataFrame]
+    ) -> TableBatch:
+        """One table's rows decoded (and kept in `kept` until the batch is written); those that
+        do not decode go to the dead-letter topic."""
+        topic, stat, rows = work
         low = stat["low"] if stat["low"] is not None else 0
         high = stat["high"] if stat["high"] is not None else low
         started = time.monotonic()
         decoded, columns = decode_table(rows, registry, topic, low, high)
         decoded = decoded.localCheckpoint(eager=True)  # stored, and the typed plan cut short
-        try:
-            self._dead_letters([decoded.where(F.col("_cdc_error").isNotNull())])
-            log.debug("%s: decoded in %.1f s", topic, time.monotonic() - started)
-            newest = registry.at(topic, high) or registry.versions(topic)[0]
-            batch = table_batch(
-                decoded.where(F.col("_cdc_error").isNull()), newest, columns, stat["truncates"], stat["offsets"]
-            )
-            store.apply(batch)
-        finally:
-            decoded.unpersist()
+        with self._lock:
+            kept.append(decoded)
+        self._dead_letters([decoded.where(F.col("_cdc_error").isNotNull())])
+        log.debug("%s: decoded in %.1f s", topic, time.monotonic() - started)
+        newest = registry.at(topic, high) or registry.versions(topic)[0]
+        return table_batch(
+            decoded.where(F.col("_cdc_error").isNull()), newest, columns, stat["truncates"], stat["offsets"]
+        )
 
     def _dead_letters(self, bad: list[DataFrame]) -> None:
         if not bad:

@@ -47,6 +47,10 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
         # each commit costs ~1 s on 2 cores (a MERGE of 3 rows: 2.2-3.0 s with it, 1.3-1.6 s
         # without, measured); scans pack small files into few tasks
         "spark.sql.files.openCostInBytes": "131072",
+        # a batch's Delta writes compile ~25 classes per table; with Spark's 100 cached ones,
+        # a few tables evict each other every batch and compile again (~100 compiles per batch
+        # of 4 tables at 100, ~4 at 2000, measured), and the JIT compiles the new classes again
+        "spark.sql.codegen.cache.maxEntries": "2000",
     }
 
 

@@ -80,6 +80,7 @@ CHANGES = (
     """TRUNCATE public."Odd Name" """,
     """INSERT INTO public."Odd Name" VALUES ('k3', 3, 'ß')""",
 )
+K1_AGAIN = """INSERT INTO public."Odd Name" VALUES ('k1', 10, 'å')"""  # a key back after the truncate
 
 # What a user checks of every column: PostgreSQL and Delta projected to the same Python values.
 PG_VIEW = """
@@ -174,7 +175,7 @@ def test_current_changes_and_history_follow_the_source(
     assert _current_view(spark, warehouse) == _source_view(db)
 
     # streaming: updates, a delete, a key change, a truncate, ADD and DROP COLUMN
-    for sql in CHANGES:
+    for sql in (*CHANGES, K1_AGAIN):
         db.execute(sql)
     wait_caught_up(db.dsn, slot, daemon)
     sink.once()
@@ -193,7 +194,7 @@ def test_current_changes_and_history_follow_the_source(
     source = {r[0]: r[1] for r in db.fetchall("SELECT id, t FROM public.wide")}
     assert {k: v[0] for k, v in got.items()} == source
     odd = _table(spark, warehouse, "current", "Odd-20Name")  # the topic's escaped table name
-    assert sorted((r["Key"], r["a b"], r["ü"]) for r in odd.collect()) == [("k3", 3, "ß")]
+    assert sorted((r["Key"], r["a b"], r["ü"]) for r in odd.collect()) == [("k1", 10, "å"), ("k3", 3, "ß")]
 
     # changes: one row per record of the topic, once
     topic = f"{topic_prefix}.public.wide"
@@ -229,7 +230,7 @@ def test_current_changes_and_history_follow_the_source(
     spark_rows = sorted([r["id"], r["t"], str(r["n"])] for r in current.collect())
     assert others["deltalake"] == spark_rows
     assert others["duckdb"] == [[i, t, None if n == "None" else n] for i, t, n in spark_rows]
-    assert others["column_mapping"] == [["k3", 3, "ß"]]
+    assert others["column_mapping"] == [["k1", 10, "å"], ["k3", 3, "ß"]]
 
     # cdc status: the sink's progress next to the slot, in LSNs
     status = json.loads(cdc("status", "--json", "--config", str(config)).stdout)
@@ -240,9 +241,10 @@ def test_current_changes_and_history_follow_the_source(
     complete = high << 32 | low
     assert complete > 0 and sink_status["lag_bytes"] >= 0
 
+    # the truncate ends k1's first version, deleted, though k1's first change in that batch is its insert after
     odd_history = _table(spark, warehouse, "history", "Odd-20Name").collect()
     assert sorted((r["Key"], r["_cdc_is_current"], r["_cdc_deleted"]) for r in odd_history) == [
-        ("k1", False, True), ("k2", False, False), ("k2", False, True), ("k3", True, False)
+        ("k1", False, True), ("k1", True, False), ("k2", False, False), ("k2", False, True), ("k3", True, False)
     ]
     daemon.stop()
 
