@@ -65,9 +65,7 @@ def versions(rows: DataFrame, columns: dict[str, DataType], truncates: list[tupl
 def first_changes(rows: DataFrame) -> DataFrame:
     """Per key, the batch's first change (it ends the key's version from earlier batches, unless
     a truncate of the batch comes between them): its position, offset and whether it deletes."""
-    first = F.min_by(
-        F.struct("_cdc_lsn", "_cdc_seq", "_cdc_ts", "_cdc_offset", (F.col("_cdc_op").isNull() | (F.col("_cdc_op") == "d")).alias("_deletes")),
-        F.col("_cdc_offset"),
-    )
+    deletes = (F.col("_cdc_op").isNull() | (F.col("_cdc_op") == "d")).alias("_deletes")  # a d or a tombstone
+    first = F.min_by(F.struct("_cdc_lsn", "_cdc_seq", "_cdc_ts", "_cdc_offset", deletes), F.col("_cdc_offset"))
     events = rows.where(F.col("_cdc_op").isNull() | (F.col("_cdc_op") != "t"))
     return events.groupBy("_cdc_key").agg(first.alias("f")).select("_cdc_key", "f.*")
