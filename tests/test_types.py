@@ -703,3 +703,14 @@ def test_field_schema_does_not_share_mutable_state():
     a = field_schema(BUILTIN_TYPES[600], -1, "p", True)
     a["fields"][0]["field"] = "mutated"
     assert field_schema(BUILTIN_TYPES[600], -1, "p", True)["fields"][0]["field"] == "x"
+
+
+@pytest.mark.parametrize("text", ["", "+00", "1+00", "2024+00", "(", "P", "[", "-", "y"])
+def test_short_malformed_text_is_a_value_error_for_every_builtin_type(text: str) -> None:
+    """Text PostgreSQL never sends (the fuzzer's): a ValueError the caller reports, never an
+    IndexError from a converter that looked at a character the text does not have."""
+    for oid in BUILTIN_TYPES:
+        try:
+            conv(oid, text)
+        except ValueError:
+            pass

@@ -152,7 +152,7 @@ def _offset_seconds(o: str) -> int:
 
 def _timestamp_micros(s: str) -> int:
     """'2024-01-02 03:04:05.12' (optionally ' BC') -> epoch microseconds."""
-    if s[4] == "-" and s[-1] != "C":  # AD, 4-digit year
+    if s[4:5] == "-" and s[-1:] != "C":  # AD, 4-digit year
         return _date_days(s[:10]) * _MICROS_PER_DAY + _time_micros(s[11:])
     bc = s.endswith(" BC")
     date, time = (s[:-3] if bc else s).split(" ")
@@ -202,7 +202,7 @@ def _bool(s: str) -> bool:
 
 def _float(s: str) -> float | str:
     """Jackson quotes non-finite doubles ("NaN", "Infinity", "-Infinity"); orjson would write null."""
-    if s[-1] in "yN":
+    if s.endswith(("y", "N")):
         return s
     return float(s)
 
@@ -213,7 +213,7 @@ _MONEY_STRIP = str.maketrans("", "", "$,() ")
 def _money(s: str) -> str:
     """'-$1,234.56' -> '-1234.56' (lc_monetary=C; '(…)' negatives handled for safety)."""
     t = s.translate(_MONEY_STRIP)
-    return "-" + t if s[0] == "(" else t
+    return "-" + t if s[:1] == "(" else t
 
 
 def _bytea_bytes(s: str) -> bytes:
@@ -248,7 +248,7 @@ def _date(s: str) -> int:
     days = _DAYS_MEMO.get(s)
     if days is not None:
         return days
-    if s[0] in "0123456789":
+    if s[:1].isascii() and s[:1].isdigit():
         return _date_days(s)
     if s == "infinity":
         return _DATE_POS_INF_DAYS
@@ -262,7 +262,7 @@ def _time_millis(s: str) -> int:
 
 
 def _timestamp_micro(s: str) -> int:
-    if s[4] == "-" and s[-1] != "C":  # AD, 4-digit year: inlined for speed
+    if s[4:5] == "-" and s[-1:] != "C":  # AD, 4-digit year: inlined for speed
         days = _DAYS_MEMO.get(s[:10])
         if days is None:
             days = _date_days(s[:10])
@@ -290,7 +290,7 @@ def _timestamp_milli(s: str) -> int:
 
 def _timestamptz(s: str) -> str:
     """'2024-01-02 03:04:05.12+00' -> '2024-01-02T03:04:05.12Z'."""
-    if s[-3:] == "+00" and s[4] == "-":  # UTC session, AD, 4-digit year: reuse the text
+    if s[-3:] == "+00" and s[4:5] == "-":  # UTC session, AD, 4-digit year: reuse the text
         return s[:10] + "T" + s[11:-3] + "Z"
     if s == "infinity" or s == "-infinity":
         return s
@@ -315,7 +315,7 @@ def _timetz(s: str) -> str:
 
 def _signed_micros(sec: str) -> int:
     """'-1.25' -> -1250000."""
-    neg = sec[0] == "-"
+    neg = sec[:1] == "-"
     if neg:
         sec = sec[1:]
     dot = sec.find(".")
@@ -335,7 +335,7 @@ def _interval(s: str) -> int:
 
 
 def _interval_parse(s: str) -> int:
-    if s[0] != "P":
+    if s[:1] != "P":
         if s == "infinity":
             return _INT64_MAX
         if s == "-infinity":
@@ -446,7 +446,7 @@ def _hstore(s: str) -> str:
 
 def _parse_array(s: str, delim: str) -> list[Any]:
     """array_out text -> nested lists of element text (None for NULL)."""
-    if s[0] == "[":  # explicit bounds '[0:1]={1,2}': bounds are not part of the value
+    if s[:1] == "[":  # explicit bounds '[0:1]={1,2}': bounds are not part of the value
         s = s[s.index("=") + 1 :]
     if '"' not in s and s.find("{", 1) < 0:  # flat and unquoted: split
         inner = s[1:-1]
