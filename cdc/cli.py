@@ -247,14 +247,15 @@ def sink(config: Config, store: str, once: bool, in_driver: bool, print_submit: 
     from sinks.job import SinkStopped, StopSignal, TypeConflict
     from sinks.runner import check_store, run_here, run_submitted, submit
 
+    command = ["sink", store, *(["--once"] if once else [])]
     if print_submit:
         check_store(config, store)
         config_path = click.get_current_context().params.get("config_path")
-        click.echo(shlex.join(submit(config, store, config_path, once, ".")))
+        click.echo(shlex.join(submit(config, command, config_path, ".")))
         return
     if config.spark.master.startswith("spark://") and not in_driver:
         config_path = click.get_current_context().params.get("config_path")
-        sys.exit(run_submitted(config, store, config_path, once))
+        sys.exit(run_submitted(config, store, command, config_path))
     try:
         progress = run_here(config, store, once, StopSignal())
     except (SinkStopped, TypeConflict) as exc:
@@ -299,6 +300,34 @@ def rebuild_history(config: Config) -> None:
     with _warehouse(config) as store:
         for table, versions in rebuild(store, config):
             click.echo(f"{table}: {versions} versions")
+
+
+@main.group()
+def search() -> None:
+    """Maintain the search index at [search] url."""
+
+
+@search.command()
+@click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
+@_with_config
+def rebuild(config: Config, in_driver: bool) -> None:
+    """Fill every table's index again from the topics, beside the current one, then swap
+    the aliases in one step and drop the old indexes: readers never see an index missing
+    or half full. Adopts new mappings (a column whose type changed). A running
+    `cdc sink search` may go on; on [spark] master = spark://... it runs on the cluster."""
+    from sinks.job import SinkStopped, StopSignal, TypeConflict
+    from sinks.runner import rebuild_search_here, run_submitted
+
+    if config.spark.master.startswith("spark://") and not in_driver:
+        config_path = click.get_current_context().params.get("config_path")
+        sys.exit(run_submitted(config, "search", ["search", "rebuild"], config_path))
+    try:
+        moved = rebuild_search_here(config, StopSignal())
+    except (SinkStopped, TypeConflict) as exc:
+        _fail(str(exc))
+    for alias, old, new, documents in moved:
+        click.echo(f"{alias}: {', '.join(old) or 'no index'} -> {new} ({documents} documents)")
+    click.echo(f"search rebuild: {len(moved)} indexes swapped")
 
 
 def _warehouse(config: Config, conf: dict[str, str] | None = None) -> Any:

@@ -25,7 +25,11 @@ def read_progress(config: TopicConfig) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     try:
         for record in read_topic(config, sinks_topic(config.prefix), idle_timeout_s=10):
-            if record.key is not None and record.value is not None:
+            if record.key is None:
+                continue
+            if record.value is None:  # a job that is gone (a finished rebuild)
+                out.pop(record.key.decode(), None)
+            else:
                 out[record.key.decode()] = orjson.loads(record.value)
     except LookupError:
         return {}

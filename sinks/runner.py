@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -32,6 +33,7 @@ from sinks.job import (
     run,
 )
 from sinks.spark import build_session, spark_environment, submit_command
+from sinks.topics import ProgressLog
 
 log = logging.getLogger(__name__)
 
@@ -102,32 +104,69 @@ def run_here(config: Config, store_name: str, once: bool, stop: StopSignal) -> P
     ensure_topics(config)
     spark = build_session(f"cdc-sink-{store_name}", master=config.spark.master)
     stop.install()
-    store = make_store(store_name, spark, config)
-    delay, attempts, rebuilds = 1.0, 0, 0
     try:
-        while True:
-            attempts += 1
-            try:
-                return run(spark, config, store, checkpoint(config, store_name), once, stop)
-            except (SinkStopped, TypeConflict):
-                raise
-            except StoreLost as exc:  # a replay from the earliest offsets rebuilds it
-                rebuilds += 1
-                if rebuilds > REBUILDS:
-                    raise SinkStopped(f"the {store_name} sink rebuilt its store {REBUILDS} times and it lost writes "
-                                      f"again: {exc}") from None
-                log.warning("sink %s: %s; rebuilding it from the topics (earliest offsets)", store_name, exc)
-                drop_checkpoint(spark, checkpoint(config, store_name))
-                attempts = 0
-            except Exception as exc:  # the store or Kafka failed a batch: read it again
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                if stop() or (once and attempts >= ONCE_ATTEMPTS):
-                    raise SinkStopped(f"the {store_name} sink failed {attempts} times, last: {first}") from None
-                log.warning("sink %s: batch failed (%s); again from the checkpoint in %.0f s", store_name, first, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 60.0)
+        return _keep_running(spark, config, make_store(store_name, spark, config), once, stop)
     finally:
         spark.stop()
+
+
+def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, list[str], str, int]]:
+    """`cdc search rebuild`: every table's index again from the topics, beside the current
+    one, then the aliases swapped; (alias, old indexes, new index, documents) per table.
+
+    Readers and a running search job keep the current indexes until the swap. The job's
+    writes to them that the rebuild had not read yet are in the topics before the swap,
+    so one more pass after it brings them over (position-guarded like every write)."""
+    from sinks.search import SearchStore
+
+    check(config, "search")
+    ensure_topics(config)
+    spark = build_session("cdc-search-rebuild", master=config.spark.master)
+    stop.install()
+    store = SearchStore(spark, config.search, config.topic.prefix, rebuild=True)
+    try:
+        _keep_running(spark, config, store, True, stop)
+        if stop():
+            raise SinkStopped("the rebuild stopped before its swap; the current indexes are untouched: run "
+                              "`cdc search rebuild` again to go on from where it stopped")
+        moved = store.swap()
+        _keep_running(spark, config, store, True, lambda: False)  # after the swap it finishes
+        moved += store.swap()  # tables first seen in that pass
+        store.finish()
+        drop_checkpoint(spark, checkpoint(config, store.name))
+        ProgressLog(config.topic, store.name).forget()
+        return [(alias, old, new, store.documents(alias)) for alias, old, new in moved]
+    finally:
+        spark.stop()
+
+
+def _keep_running(
+    spark: SparkSession, config: Config, store: Store, once: bool, stop: Callable[[], bool]
+) -> Progress:
+    """The job's query, again from the checkpoint after a failed batch (with a backoff),
+    from the earliest offsets after a store lost writes."""
+    delay, attempts, rebuilds = 1.0, 0, 0
+    while True:
+        attempts += 1
+        try:
+            return run(spark, config, store, checkpoint(config, store.name), once, stop)
+        except (SinkStopped, TypeConflict):
+            raise
+        except StoreLost as exc:  # a replay from the earliest offsets rebuilds it
+            rebuilds += 1
+            if rebuilds > REBUILDS:
+                raise SinkStopped(f"the {store.name} sink rebuilt its store {REBUILDS} times and it lost writes "
+                                  f"again: {exc}") from None
+            log.warning("sink %s: %s; rebuilding it from the topics (earliest offsets)", store.name, exc)
+            drop_checkpoint(spark, checkpoint(config, store.name))
+            attempts = 0
+        except Exception as exc:  # the store or Kafka failed a batch: read it again
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if stop() or (once and attempts >= ONCE_ATTEMPTS):
+                raise SinkStopped(f"the {store.name} sink failed {attempts} times, last: {first}") from None
+            log.warning("sink %s: batch failed (%s); again from the checkpoint in %.0f s", store.name, first, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 60.0)
 
 
 def code_archive(folder: str) -> Path:
@@ -147,19 +186,19 @@ main()
 '''
 
 
-def submit(config: Config, store_name: str, config_path: str | None, once: bool, workdir: str) -> list[str]:
-    """The spark-submit argv that runs this very command as the cluster's driver (client mode).
+def submit(config: Config, command: list[str], config_path: str | None, workdir: str) -> list[str]:
+    """The spark-submit argv that runs the `cdc` `command` (`sink search --once`, `search
+    rebuild`) as the cluster's driver (client mode).
 
     The application file is a launcher written to `workdir`: spark-submit puts the file's
     folder first on sys.path, and cdc/ or sinks/ there would shadow kafka-python and delta."""
     launcher = Path(workdir) / "cdc_sink_driver.py"
     launcher.write_text(_LAUNCHER)
-    args = ["sink", store_name, "--in-driver"]
+    args = [*command, "--in-driver"]
     if config_path:
         args += ["--config", os.path.abspath(config_path)]
-    if once:
-        args.append("--once")
-    argv = submit_command(launcher, args, app_name=f"cdc-sink-{store_name}", master=config.spark.master)
+    name = "-".join(word for word in command[:2] if not word.startswith("-"))
+    argv = submit_command(launcher, args, app_name=f"cdc-{name}", master=config.spark.master)
     at = argv.index("--master")
     return [*argv[:at], "--py-files", str(code_archive(workdir)), *argv[at:]]
 
@@ -173,14 +212,15 @@ def submit_environment() -> dict[str, str]:
     }
 
 
-def run_submitted(config: Config, store_name: str, config_path: str | None, once: bool) -> int:
-    """spark-submit the job and wait for it; its exit status. SIGTERM/SIGINT go on to it."""
+def run_submitted(config: Config, store_name: str, command: list[str], config_path: str | None) -> int:
+    """spark-submit the `cdc` `command` of a job writing to `store_name` and wait for it; its
+    exit status. SIGTERM/SIGINT go on to it."""
     import signal
     import subprocess
 
     check(config, store_name)
     with tempfile.TemporaryDirectory(prefix="cdc-submit-") as workdir:
-        argv = submit(config, store_name, config_path, once, workdir)
+        argv = submit(config, command, config_path, workdir)
         log.info("submitting to %s: %s", config.spark.master, " ".join(argv[:1] + argv[-6:]))
         child = subprocess.Popen(argv, env=submit_environment())
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -30,7 +30,16 @@ from cdc.config import ConfigError, SearchConfig
 from cdc.redact import display_url
 from sinks.batch import ChangeBatch
 from sinks.latest import COLUMNS, Change, last_changes
-from sinks.search_shapes import Documents, alias_name, index_name, mapping, markers_name
+from sinks.search_shapes import (
+    REBUILD_SUFFIX,
+    Documents,
+    alias_name,
+    generation,
+    index_name,
+    mapping,
+    markers_name,
+    rebuild_alias,
+)
 from sinks.shapes import Registry, Version
 
 log = logging.getLogger(__name__)
@@ -61,11 +70,16 @@ class Settings:
     refresh: str
     bulk_bytes: int
     marker_ttl_ms: int
+    rebuild: bool = False  # write through the rebuild's aliases, not the readers'
 
     @classmethod
-    def of(cls, config: SearchConfig) -> Settings:
+    def of(cls, config: SearchConfig, rebuild: bool = False) -> Settings:
         return cls(config.url, config.username, config.password, config.tls_cafile, config.refresh,
-                   config.bulk_bytes, config.marker_ttl_s * 1000)
+                   config.bulk_bytes, config.marker_ttl_s * 1000, rebuild)
+
+    def target(self, alias: str) -> str:
+        """Where the writes for the readers' `alias` go."""
+        return rebuild_alias(alias) if self.rebuild else alias
 
     def client(self, retries: int = RETRIES) -> Client:
         return Client(self, retries)
@@ -287,12 +301,12 @@ class PartitionWriter:
         """The chunk's actions: one look-up of the markers (and of the documents the chunk
         needs: versions for tombstones without a position, unchanged TOASTed values)."""
         aliases = {topic: alias_name(topic) for topic in {t for t, _ in chunk}}
+        targets = {topic: self.settings.target(alias) for topic, alias in aliases.items()}
         docs: list[dict[str, Any]] = []
         for topic, change in chunk:
-            alias = aliases[topic]
-            docs.append({"_index": markers_name(alias), "_id": change.key, "_source": False})
+            docs.append({"_index": markers_name(aliases[topic]), "_id": change.key, "_source": False})
             if change.missing or change.lsn is None:
-                docs.append({"_index": alias, "_id": change.key, "_source": list(change.missing) or False})
+                docs.append({"_index": targets[topic], "_id": change.key, "_source": list(change.missing) or False})
         found = iter(client.ok("POST", "/_mget", {"docs": docs})["docs"])
         now_ms = int(time.time() * 1000)
         actions = []
@@ -301,7 +315,7 @@ class PartitionWriter:
             doc = next(found) if change.missing or change.lsn is None else {}
             marked = held["_version"] if held.get("found") else None
             stored = doc["_version"] if doc.get("found") else None
-            alias, origin = aliases[topic], (topic, change.partition, change.offset)
+            alias, target, origin = aliases[topic], targets[topic], (topic, change.partition, change.offset)
             if change.kind == "u":
                 assert change.lsn is not None and change.row is not None
                 if marked is not None and marked > change.lsn:
@@ -309,14 +323,14 @@ class PartitionWriter:
                 source = documents.source(topic, change.lsn, change.row)
                 for name in change.missing:  # unchanged TOASTed values: the indexed ones
                     source[name] = (doc.get("_source") or {}).get(name) if stored is not None else None
-                actions.append(Action(versioned("index", alias, change.key, change.lsn), source, origin))
+                actions.append(Action(versioned("index", target, change.key, change.lsn), source, origin))
                 continue
             version = change.lsn
             if version is None:  # a tombstone whose d was compacted away: delete what is there
                 if stored is None:
                     continue
                 version = max(stored, marked or 0)
-            actions.append(Action(versioned("delete", alias, change.key, version), None, origin))
+            actions.append(Action(versioned("delete", target, change.key, version), None, origin))
             actions.append(marker(alias, change.key, version, now_ms))
         return actions
 
@@ -331,16 +345,21 @@ class SearchStore:
     batch's writes, checked before the next one commits) and the aliases it filled. A
     count that is gone or behind (the indexes deleted, a cluster restored from an old
     snapshot), or an alias of the list that is gone, means lost writes: the job rebuilds
-    the indexes from the topics."""
+    the indexes from the topics.
 
-    name = "search"
+    A rebuild (`rebuild`, `cdc search rebuild`) is the same job under its own name,
+    checkpoint and document, filling the next generation of every table's index (hidden,
+    behind the hidden `<alias>-rebuild`) while readers, and a running job, keep the
+    current one; `swap` then moves the readers' aliases in one `_aliases` call."""
 
-    def __init__(self, spark: SparkSession, config: SearchConfig, prefix: str) -> None:
+    def __init__(self, spark: SparkSession, config: SearchConfig, prefix: str, rebuild: bool = False) -> None:
+        self.name = "search-rebuild" if rebuild else "search"
         self.spark = spark
-        self.settings = Settings.of(config)
+        self.settings = Settings.of(config, rebuild)
         self.config = config
         self.prefix = prefix
         self.meta = alias_name(prefix) + META_INDEX_SUFFIX
+        self.doc = "rebuild" if rebuild else "job"
         self.batches = 0
         self.filled: set[str] = set()  # the aliases this job has written to (kept in the meta document)
         self.mapped: dict[str, set[str]] = {}  # alias -> the fields its index maps
@@ -350,12 +369,12 @@ class SearchStore:
         return self.settings.client()
 
     def _held(self, client: Client) -> dict[str, Any] | None:
-        status, answer = client.request("GET", f"/{_path(self.meta)}/_doc/job")
+        status, answer = client.request("GET", f"/{_path(self.meta)}/_doc/{self.doc}")
         return answer["_source"] if status == 200 else None
 
     def _hold(self, client: Client) -> None:
         doc = {"count": self.batches, "indexes": sorted(self.filled)}
-        client.ok("PUT", f"/{_path(self.meta)}/_doc/job?refresh=false", doc)
+        client.ok("PUT", f"/{_path(self.meta)}/_doc/{self.doc}?refresh=false", doc)
 
     def start(self, resumed: bool) -> None:
         from sinks.job import StoreLost
@@ -371,10 +390,13 @@ class SearchStore:
             if held is None or not resumed:  # a new checkpoint: the indexes are filled from the earliest offsets
                 self.batches, self.filled = 0, set()
                 self._ensure_meta(client)
+                if self.settings.rebuild:
+                    self._drop_unfinished(client)
                 self._hold(client)
             else:
                 self.batches, self.filled = int(held["count"]), set(held["indexes"])
-                gone = sorted(self.filled - self._aliases(client))
+                behind = self._behind(client)
+                gone = sorted(a for a in self.filled if self.settings.target(a) not in behind)
                 if gone:
                     raise StoreLost(f"{client.where} lost the index behind {gone[0]}, which this job filled")
             self._expire_markers(client)
@@ -397,10 +419,86 @@ class SearchStore:
         finally:
             client.close()
 
-    def _aliases(self, client: Client) -> set[str]:
-        """The prefix's aliases the cluster has."""
-        answer = client.ok("GET", f"/_alias/{_path(alias_name(self.prefix))}.*", missing_ok=True) or {}
-        return {alias for index in answer.values() for alias in index.get("aliases", {})}
+    def _behind(self, client: Client) -> dict[str, list[str]]:
+        """The prefix's aliases (the rebuild's hidden ones too) -> the indexes behind each."""
+        path = f"/_alias/{_path(alias_name(self.prefix))}.*?expand_wildcards=all"
+        behind: dict[str, list[str]] = {}
+        for index, entry in sorted((client.ok("GET", path, missing_ok=True) or {}).items()):
+            for alias in entry.get("aliases", {}):
+                behind.setdefault(alias, []).append(index)
+        return behind
+
+    def _drop_unfinished(self, client: Client) -> None:
+        """A new rebuild: the indexes an earlier one left unswapped go (an index it swapped
+        only loses the rebuild's alias)."""
+        behind = self._behind(client)
+        actions: list[dict[str, Any]] = []
+        for alias, indexes in behind.items():
+            readers = alias.removesuffix(REBUILD_SUFFIX)
+            if readers == alias:
+                continue
+            for index in indexes:
+                if index in behind.get(readers, []):
+                    actions.append({"remove": {"index": index, "alias": alias}})
+                else:
+                    actions.append({"remove_index": {"index": index}})
+                    log.info("%s: dropped %s, left by an unfinished rebuild", client.where, index)
+        if actions:
+            client.ok("POST", "/_aliases", {"actions": actions})
+
+    def swap(self) -> list[tuple[str, list[str], str]]:
+        """Point every alias this rebuild filled at its new index instead of the old ones, in
+        one `_aliases` call (readers see the old indexes or the new ones, never neither); the
+        new ones are no longer hidden. The old ones go in `finish`, once the searches that
+        started on them are over. (alias, old indexes, new index) of each alias moved."""
+        client = self._client()
+        try:
+            behind = self._behind(client)
+            actions: list[dict[str, Any]] = []
+            moved = []
+            for alias in sorted(self.filled):
+                (new,) = behind[self.settings.target(alias)]
+                old = [index for index in behind.get(alias, []) if index != new]
+                if new in behind.get(alias, []) and not old:
+                    continue  # swapped before (a resumed rebuild)
+                actions.append({"add": {"index": new, "alias": alias}})
+                actions += [{"remove": {"index": index, "alias": alias}} for index in old]
+                moved.append((alias, old, new))
+            if actions:
+                client.ok("POST", "/_aliases", {"actions": actions})
+            for _, _, new in moved:
+                client.ok("PUT", f"/{_path(new)}/_settings", {"index": {"hidden": False}})
+            return moved
+        finally:
+            client.close()
+
+    def finish(self) -> None:
+        """After the last pass: the rebuild's aliases, the tables' earlier generations and
+        the rebuild's document go."""
+        client = self._client()
+        try:
+            behind = self._behind(client)
+            actions = [{"remove": {"index": index, "alias": target}}
+                       for target in map(self.settings.target, sorted(self.filled))
+                       for index in behind.get(target, [])]
+            for alias in sorted(self.filled):
+                there = client.ok("GET", f"/{_path(alias)}-v*?expand_wildcards=all", missing_ok=True) or {}
+                actions += [{"remove_index": {"index": index}} for index in sorted(there)
+                            if generation(alias, index) and index not in behind.get(alias, [])]
+            if actions:
+                client.ok("POST", "/_aliases", {"actions": actions})
+            client.request("DELETE", f"/{_path(self.meta)}/_doc/{self.doc}")
+        finally:
+            client.close()
+
+    def documents(self, alias: str) -> int:
+        """How many documents the index behind `alias` holds now."""
+        client = self._client()
+        try:
+            client.ok("POST", f"/{_path(alias)}/_refresh")
+            return int(client.ok("GET", f"/{_path(alias)}/_count")["count"])
+        finally:
+            client.close()
 
     def _ensure_meta(self, client: Client) -> None:
         body = {"settings": {"index": {"number_of_shards": 1, "number_of_replicas": self.config.replicas,
@@ -424,32 +522,46 @@ class SearchStore:
                      self.settings.marker_ttl_ms // 1000)
 
     def _ensure_index(self, client: Client, topic: str, version: Version) -> None:
-        """The table's index behind its alias, and its markers; fields of new columns added."""
+        """The table's index behind the alias the job writes through, and its markers;
+        fields of new columns added."""
         from sinks.job import StoreLost
 
         alias = alias_name(topic)
+        target = self.settings.target(alias)
         fields = mapping(version, self.flat)["properties"]
         if alias not in self.mapped:
-            answer = client.ok("GET", f"/{_path(alias)}/_mapping", missing_ok=True)
+            answer = client.ok("GET", f"/{_path(target)}/_mapping?expand_wildcards=all", missing_ok=True)
             if answer is None and alias in self.filled:
-                raise StoreLost(f"{client.where} lost the index behind {alias}, which this job filled")
+                raise StoreLost(f"{client.where} lost the index behind {target}, which this job filled")
             self.filled.add(alias)
             if answer is None:
-                settings = {"number_of_shards": self.config.shards, "number_of_replicas": self.config.replicas}
-                _create(client, index_name(alias), {"settings": {"index": settings}, "mappings": mapping(version, self.flat),
-                                                    "aliases": {alias: {}}})
-                _create(client, markers_name(alias), {"settings": {"index": {**settings, "hidden": True}},
-                                                      "mappings": MARKER_MAPPING})
-                log.info("%s: created index %s behind alias %s", client.where, index_name(alias), alias)
+                self._create_index(client, alias, version)
                 self.mapped[alias] = set(fields)
                 return
             (concrete,) = answer.values()
             self.mapped[alias] = set(concrete["mappings"].get("properties", {}))
         new = {name: spec for name, spec in fields.items() if name not in self.mapped[alias]}
         if new:  # ADD COLUMN; a column whose type changed keeps its mapping (a rebuild adopts it)
-            client.ok("PUT", f"/{_path(alias)}/_mapping", {"properties": new})
+            client.ok("PUT", f"/{_path(target)}/_mapping", {"properties": new})
             self.mapped[alias] |= set(new)
-            log.info("%s: %s maps the new columns %s", client.where, alias, ", ".join(new))
+            log.info("%s: %s maps the new columns %s", client.where, target, ", ".join(new))
+
+    def _create_index(self, client: Client, alias: str, version: Version) -> None:
+        """The job's first index of a table, `<alias>-v1`; a rebuild's, the generation after
+        every one there is, hidden with its alias until the swap."""
+        settings: dict[str, Any] = {"number_of_shards": self.config.shards, "number_of_replicas": self.config.replicas}
+        _create(client, markers_name(alias), {"settings": {"index": {**settings, "hidden": True}},
+                                              "mappings": MARKER_MAPPING})
+        if self.settings.rebuild:
+            there = client.ok("GET", f"/{_path(alias)}-v*?expand_wildcards=all", missing_ok=True) or {}
+            index = index_name(alias, max([1, *(generation(alias, name) for name in there)]) + 1)
+            body = {"settings": {"index": {**settings, "hidden": True}},
+                    "aliases": {rebuild_alias(alias): {"is_hidden": True}}}
+        else:
+            index = index_name(alias)
+            body = {"settings": {"index": settings}, "aliases": {alias: {}}}
+        _create(client, index, {**body, "mappings": mapping(version, self.flat)})
+        log.info("%s: created index %s behind alias %s", client.where, index, self.settings.target(alias))
 
     def apply_changes(self, batch: ChangeBatch) -> DataFrame | None:
         registry, topics = batch.registry, batch.topics
@@ -472,7 +584,8 @@ class SearchStore:
         if self.settings.refresh == "batch" and topics:  # searchable when the batch commits
             client = self._client()
             try:
-                client.ok("POST", "/" + ",".join(_path(alias_name(t)) for t in topics) + "/_refresh")
+                targets = ",".join(_path(self.settings.target(alias_name(t))) for t in topics)
+                client.ok("POST", f"/{targets}/_refresh?expand_wildcards=all")
             finally:
                 client.close()
         if not rejected:
@@ -487,17 +600,18 @@ class SearchStore:
         """Delete every document of the table below the truncate's commit LSN, with markers
         (walking the index: no `_delete_by_query` needed)."""
         alias = alias_name(topic)
+        target = self.settings.target(alias)
         bulk = Bulk(client, self.settings)
         query = {"query": {"match_all": {}}, "_source": False, "version": True, "size": CHUNK_KEYS, "sort": ["_doc"]}
         now_ms = int(time.time() * 1000)
-        for hits in _scroll(client, f"/{_path(alias)}/_search", query):
+        for hits in _scroll(client, f"/{_path(target)}/_search?expand_wildcards=all", query):
             actions = []
             for hit in hits:
                 if hit["_version"] < lsn:
-                    actions += [Action(versioned("delete", alias, hit["_id"], lsn), None, None),
+                    actions += [Action(versioned("delete", target, hit["_id"], lsn), None, None),
                                 marker(alias, hit["_id"], lsn, now_ms)]
             bulk.send(actions)
-        log.info("%s: truncate of %s deleted %d documents", client.where, alias, bulk.applied // 2)
+        log.info("%s: truncate of %s deleted %d documents", client.where, target, bulk.applied // 2)
 
 
 def _create(client: Client, name: str, body: dict[str, Any]) -> None:

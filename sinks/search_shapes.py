@@ -6,6 +6,7 @@ mappings) and the executors (documents). The README's search type table is this 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -45,9 +46,24 @@ def alias_name(topic: str) -> str:
     return alias
 
 
-def index_name(alias: str) -> str:
-    """The concrete index behind an alias (`-v`: never in an alias)."""
-    return f"{alias}-v1"
+def index_name(alias: str, generation: int = 1) -> str:
+    """The concrete index behind an alias (`-v`: never in an alias); each rebuild fills the
+    next generation."""
+    return f"{alias}-v{generation}"
+
+
+def generation(alias: str, index: str) -> int:
+    """The generation of one of the alias's concrete indexes (0 for any other name)."""
+    found = re.fullmatch(re.escape(alias) + r"-v(\d+)", index)
+    return int(found[1]) if found else 0
+
+
+REBUILD_SUFFIX = "-rebuild"  # `-r`: never in an alias
+
+
+def rebuild_alias(alias: str) -> str:
+    """The hidden alias a rebuild writes through, beside the readers' `alias`."""
+    return alias + REBUILD_SUFFIX
 
 
 def markers_name(alias: str) -> str:

@@ -160,13 +160,21 @@ class ProgressLog:
         return read_progress(self.config).get(self.job)
 
     def send(self, progress: dict[str, Any]) -> None:
+        self._send(orjson.dumps(progress))
+
+    def forget(self) -> None:
+        """A tombstone for the job: `cdc status` no longer lists it (a finished rebuild)."""
+        self._send(None)
+        self.close()
+
+    def _send(self, value: bytes | None) -> None:
         from kafka import KafkaProducer
 
         if self._producer is None:
             self._producer = KafkaProducer(
                 bootstrap_servers=self.config.bootstrap_servers.split(","), acks="all", **security_settings(self.config)
             )
-        self._producer.send(self.topic, key=self.job.encode(), value=orjson.dumps(progress))
+        self._producer.send(self.topic, key=self.job.encode(), value=value)
         self._producer.flush(30)
 
     def close(self) -> None:

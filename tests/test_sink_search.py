@@ -8,7 +8,9 @@ typed fields, and a replay (also after `index.gc_deletes`) that changes nothing.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from kafka import KafkaProducer
 from cdc.config import TopicConfig
 from cdc.local.opensearch import LocalOpenSearch
 from cdc.local.process import free_port
+from compaction.progress import read_progress
 from compaction.reader import read_topic
 from sinks.latest import canonical_key
 from sinks.search_shapes import alias_name, index_name, markers_name
@@ -229,6 +232,83 @@ def test_the_search_job_on_a_standalone_cluster(
     assert "0 dead letters" in Sink(config, tmp_path / "sink.log", store="search").once()
     assert _acct(opensearch.url, topic_prefix) == acct_rows(db)
     assert "Registering app cdc-sink-search" in (spark_cluster.work_dir / "master.log").read_text()
+    # the rebuild runs there too
+    acct = alias_name(f"{topic_prefix}.public.acct")
+    done = cdc("search", "rebuild", "--config", str(config), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{acct}: {acct}-v1 -> {acct}-v2 ({len(acct_rows(db))} documents)" in done.stdout.splitlines()
+    assert _acct(opensearch.url, topic_prefix) == acct_rows(db)
+    assert "Registering app cdc-search-rebuild" in (spark_cluster.work_dir / "master.log").read_text()
+    assert daemon.stop() == 0
+
+
+def test_a_rebuild_swaps_every_index_while_readers_and_the_job_go_on(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, opensearch: LocalOpenSearch
+) -> None:
+    from tests.support import ACCT, Writers
+
+    base = opensearch.url
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 400) g")
+    db.execute("CREATE TABLE public.item (id int PRIMARY KEY, code int)")
+    db.execute("INSERT INTO public.item VALUES (1, 10), (2, 20)")
+    daemon, slot = run_daemon(["public.*"])
+    wait_caught_up(db.dsn, slot, daemon)
+    config = _config(tmp_path, db, broker_servers, topic_prefix, base)
+    sink = Sink(config, tmp_path / "sink.log", store="search")
+    assert "0 dead letters" in sink.once()
+    # a column changes type: its field cannot (an integer), so the new value is a dead letter
+    db.execute("ALTER TABLE public.item ALTER code TYPE text")
+    db.execute("UPDATE public.item SET code = 'A-1' WHERE id = 1")
+    wait_caught_up(db.dsn, slot, daemon)
+    assert "1 dead letters" in sink.once()
+    item, acct = alias_name(f"{topic_prefix}.public.item"), alias_name(f"{topic_prefix}.public.acct")
+
+    # the rebuild, while writers change acct, the job streams them into the index and readers count it
+    answers: list[Any] = []
+    reading = threading.Event()
+
+    def read() -> None:
+        while not reading.is_set():
+            resp = HTTP.request("GET", f"{base}/{acct}/_count")
+            answers.append(orjson.loads(resp.data)["count"] if resp.status == 200 else (resp.status, resp.data[:200]))
+            time.sleep(0.05)
+
+    reader = threading.Thread(target=read, daemon=True)
+    with Writers(db.dsn, keys=400, pause_s=0.02):
+        sink.start()
+        sink.next_batch()
+        reader.start()
+        done = cdc("search", "rebuild", "--config", str(config), timeout=600)
+        sink.next_batch("a batch of the job after the swap")
+    reading.set()
+    reader.join(10)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert re.fullmatch(rf"{re.escape(acct)}: {re.escape(acct)}-v1 -> {re.escape(acct)}-v2 \(\d+ documents\)",
+                        lines[0]), lines
+    assert lines[1:] == [f"{item}: {item}-v1 -> {item}-v2 (2 documents)", "search rebuild: 2 indexes swapped"]
+    # readers never met a missing or half-full index: every answer is a count near the table's
+    assert answers and all(isinstance(a, int) and a > 200 for a in answers), [a for a in answers if not isinstance(
+        a, int) or a <= 200][:5]
+    wait_caught_up(db.dsn, slot, daemon)
+    assert sink.stop() == 0
+    sink.once()  # what the writers committed after the job's last streamed batch
+    # the index equals the source: the rebuild took what the job wrote into v1 before the swap
+    assert _acct(base, topic_prefix) == acct_rows(db)
+    # the rebuild adopted the new type: the value that was a dead letter is indexed and searchable
+    fields = _ok(base, "GET", f"/{item}/_mapping")[f"{item}-v2"]["mappings"]["properties"]
+    assert (fields["code"]["type"], _ids(base, item, {"match": {"code": "A-1"}})) == ("text", ['{"id":1}'])
+    assert _rows(base, f"{topic_prefix}.public.item") == {
+        '{"id":1}': {"id": 1, "code": "A-1"}, '{"id":2}': {"id": 2, "code": 20},  # as its event (before ALTER)
+    }
+    # nothing of the rebuild is left: its aliases, the old indexes, its checkpoint, its progress
+    for alias in (acct, item):
+        assert _ok(base, "GET", f"/_alias/{alias}*?expand_wildcards=all") == {f"{alias}-v2": {"aliases": {alias: {}}}}
+        assert HTTP.request("HEAD", f"{base}/{alias}-v1").status == 404
+        assert _ok(base, "GET", f"/{alias}-v2/_settings")[f"{alias}-v2"]["settings"]["index"].get("hidden") == "false"
+    assert not (tmp_path / "checkpoints" / "search-rebuild").exists()
+    assert set(read_progress(TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix))) == {"search"}
     assert daemon.stop() == 0
 
 

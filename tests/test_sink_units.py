@@ -228,13 +228,19 @@ def _column(name: str, pg_type: str, connect: dict, key: bool = False) -> object
 
 
 def test_search_aliases_are_the_topic_names_in_an_injective_lowercase_escape() -> None:
-    from sinks.search_shapes import alias_name, index_name, markers_name
+    from sinks.search_shapes import alias_name, generation, index_name, markers_name, rebuild_alias
 
     assert alias_name("cdc.public.orders") == "cdc.public.orders"
     assert alias_name("cdc.public.Odd-20Name") == "cdc.public.-uodd-20-uname"
     # a topic escape is '-' and two hex digits: '-u' never comes from one
     assert alias_name("cdc.public.odd-20name") != alias_name("cdc.public.Odd-20Name")
     assert (index_name("cdc.public.t"), markers_name("cdc.public.t")) == ("cdc.public.t-v1", "cdc.public.t-markers")
+    # a rebuild fills the next generation through its own alias; no name of one table is another's
+    assert (index_name("cdc.public.t", 12), rebuild_alias("cdc.public.t")) == ("cdc.public.t-v12", "cdc.public.t-rebuild")
+    assert [generation("cdc.public.t", name) for name in (
+        "cdc.public.t-v12", "cdc.public.t-v1", "cdc.public.t-markers", "cdc.public.t-vx", "cdc.public.tt-v2",
+        "cdc.public.t-rebuild",
+    )] == [12, 1, 0, 0, 0, 0]
     with pytest.raises(ValueError, match=r"^topic Cdc.public.t gives the index name '-ucdc.public.t', which "
                                          r"OpenSearch refuses .*: use a \[topic\] prefix that starts with a "
                                          r"lowercase letter or digit$"):
