@@ -365,6 +365,43 @@ def acct_changes_captured(db: Any, run_daemon: Any) -> Any:
     return daemon
 
 
+def acct_under_load(
+    db: Any, run_daemon: Any, sink: Sink, restart: Callable[[Sink], None],
+    stored: Callable[[], dict[int, tuple[int, str]]],
+) -> str:
+    """Writers change `public.acct` (2,000 rows) while its job is killed -9 mid-batch three
+    times, then streams through `restart` of its store; afterwards the store equals the
+    table. The job's log. (The sink's config is a file of its own: the daemon writes
+    cdc.toml.)"""
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 2000) g")
+    daemon, slot = run_daemon(["public.acct"])
+    with Writers(db.dsn, keys=3000, pause_s=0.05):
+        sink.kill9_mid_batches((0.5, 1.0, 2.0))
+        sink.start()
+        sink.next_batch()
+        restart(sink)
+        sink.next_batch("a batch after the restart")
+        assert sink.stop() == 0
+    wait_caught_up(db.dsn, slot, daemon)
+    sink.once(env={"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"})
+    assert stored() == acct_rows(db)
+    assert daemon.stop() == 0
+    return sink.log.read_text()
+
+
+def acct_on_a_cluster(
+    db: Any, run_daemon: Any, sink: Sink, cluster: Any, stored: Callable[[], dict[int, tuple[int, str]]]
+) -> None:
+    """The job on a standalone cluster (the sink's config names its master) fills its store
+    with `public.acct`: the driver registered with the cluster, whose executors wrote."""
+    daemon = acct_changes_captured(db, run_daemon)
+    assert "0 dead letters" in sink.once()
+    assert stored() == acct_rows(db)
+    assert f"Registering app cdc-sink-{sink.store}" in (cluster.work_dir / "master.log").read_text()
+    assert daemon.stop() == 0
+
+
 def acct_rows(db: Any) -> dict[int, tuple[int, str]]:
     """`public.acct` in PostgreSQL: id -> (version, note)."""
     return {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct")}

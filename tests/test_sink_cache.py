@@ -21,7 +21,14 @@ from compaction.reader import read_topic
 from compaction.table import build
 from sinks.cache import PartitionWriter, Settings, guarded, round_trip
 from sinks.latest import COLUMNS, canonical_key, last_changes, position
-from tests.support import Sink, acct_changes_captured, acct_rows, cdc, wait_caught_up, write_config
+from tests.support import (
+    Sink,
+    acct_on_a_cluster,
+    acct_under_load,
+    cdc,
+    wait_caught_up,
+    write_config,
+)
 from tests.test_sink_delta import CHANGES, SEED
 
 # a body PostgreSQL stores out of line (TOAST): incompressible and over 2 kB
@@ -30,7 +37,7 @@ BIG = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 200))
 
 def _config(tmp_path: Path, db: Any, servers: str, prefix: str, url: str, **extra: dict) -> Path:
     spark = {"checkpoint_dir": str(tmp_path / "checkpoints"), **extra.pop("spark", {})}
-    return write_config(tmp_path / "cdc.toml", db.dsn, servers, prefix, ["public.*"], cache={"url": url},
+    return write_config(tmp_path / "sink.toml", db.dsn, servers, prefix, ["public.*"], cache={"url": url},
                         spark=spark, **extra)
 
 
@@ -122,46 +129,29 @@ def _acct(client: redis.Redis, prefix: str) -> dict[int, tuple[int, str]]:
 def test_kill_9_and_a_redis_that_lost_its_data_under_load(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any
 ) -> None:
-    from tests.support import ACCT, SINK_TIMEOUT_S, Writers, wait_for
+    from tests.support import SINK_TIMEOUT_S, wait_for
 
-    db.execute(ACCT)
-    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 2000) g")
-    daemon, slot = run_daemon(["public.acct"])
     with LocalRedis(tmp_path / "redis") as server:  # no persistence: a restart comes back empty
-        config = _config(tmp_path, db, broker_servers, topic_prefix, server.url, spark={
-            "checkpoint_dir": str(tmp_path / "checkpoints"), "max_offsets_per_trigger": 700,
-        })
-        sink = Sink(config, tmp_path / "sink.log", store="cache")
-        with Writers(db.dsn, keys=3000, pause_s=0.05):
-            sink.kill9_mid_batches((0.5, 1.0, 2.0))
-            sink.start()
-            sink.next_batch()
-            server.restart()  # while the job streams: every row it wrote is gone
+        def restart(sink: Sink) -> None:  # while the job streams: every row it wrote is gone
+            server.restart()
             wait_for(lambda: "rebuilding it from the topics" in sink.log.read_text(), SINK_TIMEOUT_S,
                      "the job to rebuild")
-            sink.next_batch("a batch after it")
-            assert sink.stop() == 0
-        wait_caught_up(db.dsn, slot, daemon)
-        sink.once(env={"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"})
-        client = redis.Redis.from_url(server.url)
-        assert _acct(client, topic_prefix) == acct_rows(db)
-        assert f"Redis at {server.url} lost writes" in Path(sink.log).read_text()
-    assert daemon.stop() == 0
+
+        config = _config(tmp_path, db, broker_servers, topic_prefix, server.url,
+                         spark={"max_offsets_per_trigger": 700})
+        log = acct_under_load(db, run_daemon, Sink(config, tmp_path / "sink.log", store="cache"), restart,
+                              lambda: _acct(redis.Redis.from_url(server.url), topic_prefix))
+        assert f"Redis at {server.url} lost writes" in log
 
 
 def test_the_cache_job_on_a_standalone_cluster(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, redis_server: LocalRedis,
     spark_cluster: Any,
 ) -> None:
-    daemon = acct_changes_captured(db, run_daemon)
     config = _config(tmp_path, db, broker_servers, topic_prefix, redis_server.url,
                      spark={"master": spark_cluster.master_url})
-    assert "0 dead letters" in Sink(config, tmp_path / "sink.log", store="cache").once()
-    client = redis.Redis.from_url(redis_server.url)
-    assert _acct(client, topic_prefix) == acct_rows(db)
-    # the driver registered with the cluster, whose executors wrote to Redis
-    assert "Registering app cdc-sink-cache" in (spark_cluster.work_dir / "master.log").read_text()
-    assert daemon.stop() == 0
+    acct_on_a_cluster(db, run_daemon, Sink(config, tmp_path / "sink.log", store="cache"), spark_cluster,
+                      lambda: _acct(redis.Redis.from_url(redis_server.url), topic_prefix))
 
 
 def test_the_guard_applies_a_change_only_over_a_lower_position(redis_server: LocalRedis) -> None:

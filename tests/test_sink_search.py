@@ -27,7 +27,15 @@ from compaction.progress import read_progress
 from compaction.reader import read_topic
 from sinks.latest import canonical_key
 from sinks.search_shapes import alias_name, index_name, markers_name
-from tests.support import Sink, acct_changes_captured, acct_rows, cdc, wait_caught_up, write_config
+from tests.support import (
+    Sink,
+    acct_on_a_cluster,
+    acct_rows,
+    acct_under_load,
+    cdc,
+    wait_caught_up,
+    write_config,
+)
 from tests.test_sink_cache import BIG, _from_topics
 from tests.test_sink_delta import CHANGES, SEED
 
@@ -37,7 +45,7 @@ HTTP = urllib3.PoolManager()
 def _config(tmp_path: Path, db: Any, servers: str, prefix: str, url: str, **extra: dict) -> Path:
     spark = {"checkpoint_dir": str(tmp_path / "checkpoints"), **extra.pop("spark", {})}
     search = {"url": url, "replicas": 0, **extra.pop("search", {})}
-    return write_config(tmp_path / "cdc.toml", db.dsn, servers, prefix, ["public.*"], search=search,
+    return write_config(tmp_path / "sink.toml", db.dsn, servers, prefix, ["public.*"], search=search,
                         spark=spark, **extra)
 
 
@@ -195,43 +203,27 @@ def _acct(base: str, prefix: str) -> dict[int, tuple[int, str]]:
 def test_kill_9_and_an_opensearch_restart_under_load(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any
 ) -> None:
-    from tests.support import ACCT, Writers
-
-    db.execute(ACCT)
-    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 2000) g")
-    daemon, slot = run_daemon(["public.acct"])
     with LocalOpenSearch(tmp_path / "os") as node:
-        config = _config(tmp_path, db, broker_servers, topic_prefix, node.url, spark={
-            "checkpoint_dir": str(tmp_path / "checkpoints"), "max_offsets_per_trigger": 700,
-        })
-        sink = Sink(config, tmp_path / "sink.log", store="search")
-        with Writers(db.dsn, keys=3000, pause_s=0.05):
-            sink.kill9_mid_batches((0.5, 1.0, 2.0))
-            sink.start()
-            sink.next_batch()
-            node.kill9()  # while the job streams
+        def restart(_: Sink) -> None:  # while the job streams
+            node.kill9()
             time.sleep(3)
             node.start()
-            sink.next_batch("a batch after the restart")
-            assert sink.stop() == 0
-        wait_caught_up(db.dsn, slot, daemon)
-        sink.once(env={"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"})
-        assert _acct(node.url, topic_prefix) == acct_rows(db)
-        log = Path(sink.log).read_text()
+
+        config = _config(tmp_path, db, broker_servers, topic_prefix, node.url,
+                         spark={"max_offsets_per_trigger": 700})
+        log = acct_under_load(db, run_daemon, Sink(config, tmp_path / "sink.log", store="search"), restart,
+                              lambda: _acct(node.url, topic_prefix))
         assert f"OpenSearch at {node.url}: " in log  # the job saw it gone and went on
-    assert daemon.stop() == 0
 
 
 def test_the_search_job_on_a_standalone_cluster(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, opensearch: LocalOpenSearch,
     spark_cluster: Any,
 ) -> None:
-    daemon = acct_changes_captured(db, run_daemon)
     config = _config(tmp_path, db, broker_servers, topic_prefix, opensearch.url,
                      spark={"master": spark_cluster.master_url})
-    assert "0 dead letters" in Sink(config, tmp_path / "sink.log", store="search").once()
-    assert _acct(opensearch.url, topic_prefix) == acct_rows(db)
-    assert "Registering app cdc-sink-search" in (spark_cluster.work_dir / "master.log").read_text()
+    acct_on_a_cluster(db, run_daemon, Sink(config, tmp_path / "sink.log", store="search"), spark_cluster,
+                      lambda: _acct(opensearch.url, topic_prefix))
     # the rebuild runs there too
     acct = alias_name(f"{topic_prefix}.public.acct")
     done = cdc("search", "rebuild", "--config", str(config), timeout=600)
@@ -239,7 +231,6 @@ def test_the_search_job_on_a_standalone_cluster(
     assert f"{acct}: {acct}-v1 -> {acct}-v2 ({len(acct_rows(db))} documents)" in done.stdout.splitlines()
     assert _acct(opensearch.url, topic_prefix) == acct_rows(db)
     assert "Registering app cdc-search-rebuild" in (spark_cluster.work_dir / "master.log").read_text()
-    assert daemon.stop() == 0
 
 
 def test_a_rebuild_swaps_every_index_while_readers_and_the_job_go_on(
