@@ -464,6 +464,9 @@ class SearchStore:
                 actions.append({"add": {"index": new, "alias": alias}})
                 actions += [{"remove": {"index": index, "alias": alias}} for index in old]
                 moved.append((alias, old, new))
+            for _, _, new in moved:  # searchable as it is, and from now on as the job's indexes are
+                client.ok("PUT", f"/{_path(new)}/_settings", {"index": {"refresh_interval": None}})
+                client.ok("POST", f"/{_path(new)}/_refresh?expand_wildcards=all")
             if actions:
                 client.ok("POST", "/_aliases", {"actions": actions})
             for _, _, new in moved:
@@ -481,21 +484,25 @@ class SearchStore:
             actions = [{"remove": {"index": index, "alias": target}}
                        for target in map(self.settings.target, sorted(self.filled))
                        for index in behind.get(target, [])]
+            for action in actions:  # as swap left them (again: a rebuild may stop in between)
+                client.ok("PUT", f"/{_path(action['remove']['index'])}/_settings",
+                          {"index": {"hidden": False, "refresh_interval": None}})
             for alias in sorted(self.filled):
                 there = client.ok("GET", f"/{_path(alias)}-v*?expand_wildcards=all", missing_ok=True) or {}
                 actions += [{"remove_index": {"index": index}} for index in sorted(there)
                             if generation(alias, index) and index not in behind.get(alias, [])]
             if actions:
                 client.ok("POST", "/_aliases", {"actions": actions})
+            if self.filled:  # what the last pass wrote
+                client.ok("POST", "/" + ",".join(_path(a) for a in sorted(self.filled)) + "/_refresh")
             client.request("DELETE", f"/{_path(self.meta)}/_doc/{self.doc}")
         finally:
             client.close()
 
     def documents(self, alias: str) -> int:
-        """How many documents the index behind `alias` holds now."""
+        """How many documents the index behind `alias` holds (as of its last refresh)."""
         client = self._client()
         try:
-            client.ok("POST", f"/{_path(alias)}/_refresh")
             return int(client.ok("GET", f"/{_path(alias)}/_count")["count"])
         finally:
             client.close()
@@ -555,7 +562,8 @@ class SearchStore:
         if self.settings.rebuild:
             there = client.ok("GET", f"/{_path(alias)}-v*?expand_wildcards=all", missing_ok=True) or {}
             index = index_name(alias, max([1, *(generation(alias, name) for name in there)]) + 1)
-            body = {"settings": {"index": {**settings, "hidden": True}},
+            # nobody searches it before the swap: no refreshes while it fills (fewer, larger segments)
+            body = {"settings": {"index": {**settings, "hidden": True, "refresh_interval": "-1"}},
                     "aliases": {rebuild_alias(alias): {"is_hidden": True}}}
         else:
             index = index_name(alias)
@@ -581,7 +589,7 @@ class SearchStore:
             rows.sortWithinPartitions("_cdc_topic", "_cdc_key", "_cdc_offset")
             .rdd.mapPartitions(PartitionWriter(self.settings, registry)).collect()
         )
-        if self.settings.refresh == "batch" and topics:  # searchable when the batch commits
+        if self.settings.refresh == "batch" and topics and not self.settings.rebuild:  # searchable at the commit
             client = self._client()
             try:
                 targets = ",".join(_path(self.settings.target(alias_name(t))) for t in topics)
