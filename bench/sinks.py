@@ -3,7 +3,7 @@
     python bench/sinks.py [--changes 1000000] [--tables 4] [--max-offsets 200000,1000000]
                           [--stores delta,search,cache] [--fresh-rate 1000] [--fresh-seconds 45]
                           [--fresh-warmup 15]
-                          [--skip-freshness] [--driver-memory 2g] [--keep]
+                          [--skip-freshness] [--skip-rebuild] [--driver-memory 2g] [--keep]
 
 It starts its own throwaway PostgreSQL (fsync off, synchronous_commit off) and Apache Kafka
 (cdc.local.kafka: one KRaft broker/controller on these cores), creates --tables tables
@@ -26,8 +26,11 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    the rows under the topics' keys; search: the documents counted through the aliases).
    The cache gets a Redis started here, a database per run; the search index an
    OpenSearch started here, the prefix's indexes deleted before each run.
-   Phases 2 and 3 run once per --max-offsets value; the ratio is apply / ceiling at the
-   same value.
+   After the search apply run (unless --skip-rebuild): `cdc search rebuild` over the
+   index it filled (sinks.runner.rebuild_search_here, in a child, timed the same way):
+   every record read again into new indexes, the swap, one more pass, the old ones dropped.
+   Phases 2 and 3 run once per --max-offsets value; the ratio is apply (or rebuild) /
+   ceiling at the same value.
 4. Freshness, per store: `cdc run` and `cdc sink <store>` (streaming, [spark]
    trigger_interval_s = --trigger-interval) on the warehouse of the last apply run; a
    writer offers --fresh-rate single-row transactions/s for --fresh-warmup seconds (not
@@ -609,7 +612,7 @@ class SinksBench(Bench):
         if self.args.driver_memory:
             argv += ["--driver-memory", self.args.driver_memory]
         run.command = shlex.join(argv)
-        run.log_path = config.with_suffix(".log")
+        run.log_path = config.with_suffix(".rebuild.log" if run.phase == "rebuild" else ".log")
         marks: dict[str, Any] = {}
         events: dict[str, dict[str, Any]] = {}
         window = CpuWindow({})
@@ -652,7 +655,7 @@ class SinksBench(Bench):
         run.seconds = end.get("seconds")
         run.cpu_s, run.machine_busy_cores = marks.get("cpu"), marks.get("machine")
         run.read = end.get("read")
-        if run.phase == "apply" and not run.error and proc.returncode == 0:
+        if run.phase in ("apply", "rebuild") and not run.error and proc.returncode == 0:
             store = STORES[run.store]()
             run.check = store.check(config, self.topics)
         text = run.log_path.read_text(errors="replace")
@@ -693,6 +696,19 @@ class SinksBench(Bench):
             ok = "" if run.check == run.expected else f" (expected {run.expected})"
             self.log(f"apply ({store.name}): {_f(run.rate, 0)} rows/s in {_f(run.seconds)} s, {len(run.batches)} "
                      f"batches; store holds {run.check}{ok}")
+        return run
+
+    def run_rebuild(self, max_offsets: int) -> SparkRun:
+        """`cdc search rebuild` over the index the last search apply run filled."""
+        store = STORES["search"]()
+        config = self.last_dir["search"]
+        run = SparkRun("rebuild", "search", max_offsets, self.records, expected=store.expected(self))
+        self.log(f"rebuild (search), maxOffsetsPerTrigger {max_offsets:,}: {self.records:,} records")
+        self.spark_child(run, config)
+        self.runs.append(run)
+        if not run.error:
+            self.log(f"rebuild (search): {_f(run.rate, 0)} rows/s in {_f(run.seconds)} s, {len(run.batches)} "
+                     f"batches; the index holds {run.check}")
         return run
 
     # -- 4. freshness ------------------------------------------------------------------------------
@@ -833,6 +849,8 @@ class SinksBench(Bench):
             self.run_ceiling(max_offsets)
             for store in self.stores:
                 self.run_apply(store, max_offsets)
+            if "search" in self.last_dir and not self.args.skip_rebuild:
+                self.run_rebuild(max_offsets)
         if not self.args.skip_freshness:
             for store in self.stores:
                 self.run_freshness(store)
@@ -865,11 +883,14 @@ class SinksBench(Bench):
             )
         ceilings = {r.max_offsets: r for r in self.runs if r.phase == "ceiling"}
         for r in self.runs:
-            label = "read ceiling: Kafka source -> foreachBatch count()" if r.phase == "ceiling" else \
-                f"apply: {r.store} sink job (`cdc sink {r.store} --once`'s run)"
+            label = {
+                "ceiling": "read ceiling: Kafka source -> foreachBatch count()",
+                "apply": f"apply: {r.store} sink job (`cdc sink {r.store} --once`'s run)",
+                "rebuild": "rebuild: `cdc search rebuild` over the filled index (fill, swap, one more pass, drop)",
+            }[r.phase]
             ceiling = ceilings.get(r.max_offsets)
             ratio = "-"
-            if r.phase == "apply" and r.rate and ceiling is not None and ceiling.rate:
+            if r.phase != "ceiling" and r.rate and ceiling is not None and ceiling.rate:
                 ratio = f"**{r.rate / ceiling.rate:.2f}**"
             if r.error:
                 done = sum(n for _b, n, _s in r.batches)
@@ -931,10 +952,10 @@ class SinksBench(Bench):
                     + " (the rest of a batch: decoding, statistics, progress)."
                 )
                 out.append("")
-        checks = [r for r in self.runs if r.phase == "apply" and not r.error]
+        checks = [r for r in self.runs if r.phase in ("apply", "rebuild") and not r.error]
         if checks:
-            out.append("Store contents after each apply run (expected): " + "; ".join(
-                f"{r.store}/{r.max_offsets:,}: " + ", ".join(
+            out.append("Store contents after each apply and rebuild run (expected): " + "; ".join(
+                f"{r.store if r.phase == 'apply' else 'search rebuild'}/{r.max_offsets:,}: " + ", ".join(
                     f"{k} {v:,}" + ("" if r.expected.get(k) == v else f" (**expected {r.expected.get(k, '?'):,}**)")
                     for k, v in r.check.items())
                 for r in checks
@@ -1022,7 +1043,7 @@ def child_main(argv: list[str]) -> int:
     import logging
 
     parser = argparse.ArgumentParser(prog="bench/sinks.py _child")
-    parser.add_argument("phase", choices=("ceiling", "apply"))
+    parser.add_argument("phase", choices=("ceiling", "apply", "rebuild"))
     parser.add_argument("--config", required=True)
     parser.add_argument("--store", default="delta")
     parser.add_argument("--driver-memory")
@@ -1070,6 +1091,15 @@ def child_main(argv: list[str]) -> int:
             emit("query_end", seconds=seconds, read=sum(counts))
             if started.exception() is not None:
                 raise RuntimeError(str(started.exception()))
+        elif args.phase == "rebuild":
+            from sinks.job import StopSignal
+            from sinks.runner import rebuild_search_here
+
+            emit("query_start")
+            t1 = time.monotonic()
+            moved = rebuild_search_here(config, StopSignal())  # stops the session when done
+            emit("query_end", seconds=time.monotonic() - t1, swapped=len(moved), read=None)
+            return 0
         else:
             store_name = args.store
             store = make_store(store_name, spark, config)
@@ -1100,6 +1130,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--spark-timeout", type=float, default=3600,
                         help="a ceiling or apply child running longer is killed and reported (default 3600 s)")
     parser.add_argument("--skip-freshness", action="store_true", help="skip the freshness phase")
+    parser.add_argument("--skip-rebuild", action="store_true",
+                        help="skip `cdc search rebuild` after each search apply run")
     parser.add_argument("--fresh-rate", type=int, default=1000, help="offered transactions/s (default 1000)")
     parser.add_argument("--fresh-seconds", type=float, default=45, help="length of the freshness load (default 45)")
     parser.add_argument("--fresh-warmup", type=float, default=15,
