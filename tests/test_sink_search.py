@@ -333,12 +333,13 @@ def test_an_unreachable_index_is_one_line(tmp_path: Path) -> None:
     url = f"http://app:s3cret@127.0.0.1:{port}"
     config = tmp_path / "cdc.toml"
     config.write_text(f'[topic]\nbootstrap_servers = "127.0.0.1:1"\n[search]\nurl = "{url}"\n')
-    done = cdc("sink", "search", "--once", "--config", str(config))
-    assert done.returncode == 1
-    line = done.stderr.strip()
-    assert line.startswith(f"error: cannot reach OpenSearch at http://app:***@127.0.0.1:{port} (")
-    assert line.endswith("): start it, or fix [search] url")
-    assert len(line.splitlines()) == 1 and "s3cret" not in done.stdout + done.stderr
+    for command in (["sink", "search", "--once"], ["search", "rebuild"]):
+        done = cdc(*command, "--config", str(config))
+        assert done.returncode == 1
+        line = done.stderr.strip()
+        assert line.startswith(f"error: cannot reach OpenSearch at http://app:***@127.0.0.1:{port} ("), line
+        assert line.endswith("): start it, or fix [search] url")
+        assert len(line.splitlines()) == 1 and "s3cret" not in done.stdout + done.stderr
 
 
 def test_delete_markers_expire_when_the_job_starts(opensearch: LocalOpenSearch, topic_prefix: str) -> None:
