@@ -8,8 +8,12 @@ typed fields, and a replay (also after `index.gc_deletes`) that changes nothing.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -28,12 +32,15 @@ from compaction.reader import read_topic
 from sinks.latest import canonical_key
 from sinks.search_shapes import alias_name, index_name, markers_name
 from tests.support import (
+    SINK_TIMEOUT_S,
     Sink,
+    acct_changes_captured,
     acct_on_a_cluster,
     acct_rows,
     acct_under_load,
     cdc,
     wait_caught_up,
+    wait_for,
     write_config,
 )
 from tests.test_sink_cache import BIG, _from_topics
@@ -300,6 +307,36 @@ def test_a_rebuild_swaps_every_index_while_readers_and_the_job_go_on(
         assert _ok(base, "GET", f"/{alias}-v2/_settings")[f"{alias}-v2"]["settings"]["index"].get("hidden") == "false"
     assert not (tmp_path / "checkpoints" / "search-rebuild").exists()
     assert set(read_progress(TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix))) == {"search"}
+    assert daemon.stop() == 0
+
+
+def test_a_rebuild_stopped_before_its_swap_leaves_the_index_and_goes_on_when_run_again(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, opensearch: LocalOpenSearch
+) -> None:
+    base = opensearch.url
+    daemon = acct_changes_captured(db, run_daemon)
+    config = _config(tmp_path, db, broker_servers, topic_prefix, base)
+    assert "0 dead letters" in Sink(config, tmp_path / "sink.log", store="search").once()
+    acct = alias_name(f"{topic_prefix}.public.acct")
+    env = {**os.environ, "CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "40"}  # many batches
+    log = tmp_path / "rebuild.log"
+    with log.open("w") as out:
+        rebuild = subprocess.Popen([sys.executable, "-m", "cdc", "search", "rebuild", "--config", str(config)],
+                                   stdout=out, stderr=subprocess.STDOUT, env=env)
+        wait_for(lambda: "sinks.job: batch 1:" in log.read_text(), SINK_TIMEOUT_S, "a rebuild batch")
+        rebuild.send_signal(signal.SIGTERM)
+        assert rebuild.wait(300) == 1
+    assert [line for line in log.read_text().splitlines() if line.startswith("error:")] == [
+        "error: the rebuild stopped before its swap; the current indexes are untouched: run `cdc search rebuild` "
+        "again to go on from where it stopped"]
+    assert _ok(base, "GET", f"/_alias/{acct}") == {f"{acct}-v1": {"aliases": {acct: {}}}}
+    assert _acct(base, topic_prefix) == acct_rows(db)
+
+    done = cdc("search", "rebuild", "--config", str(config), env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[0] == f"{acct}: {acct}-v1 -> {acct}-v2 ({len(acct_rows(db))} documents)"
+    assert "sinks.job: batch 0:" not in done.stderr  # it went on from its offsets
+    assert _acct(base, topic_prefix) == acct_rows(db)
     assert daemon.stop() == 0
 
 
