@@ -64,6 +64,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -674,41 +675,40 @@ class SinksBench(Bench):
     def run_ceiling(self, max_offsets: int) -> SparkRun:
         self.run_counter += 1
         config = self.config(f"ceiling-{self.run_counter}", None, max_offsets_per_trigger=max_offsets)
-        run = SparkRun("ceiling", "-", max_offsets, self.records)
-        self.log(f"read ceiling, maxOffsetsPerTrigger {max_offsets:,}")
-        self.spark_child(run, config)
-        self.runs.append(run)
-        if not run.error:
-            self.log(f"read ceiling: {_f(run.rate, 0)} rows/s ({run.read:,} records read in {_f(run.seconds)} s; "
-                     f"session start {_f(run.session_s)} s)")
-        return run
+        return self.timed(
+            SparkRun("ceiling", "-", max_offsets, self.records), config,
+            f"read ceiling, maxOffsetsPerTrigger {max_offsets:,}",
+            lambda r: f"read ceiling: {_f(r.rate, 0)} rows/s ({r.read:,} records read in {_f(r.seconds)} s; "
+                      f"session start {_f(r.session_s)} s)",
+        )
 
     def run_apply(self, store: StoreBench, max_offsets: int) -> SparkRun:
         self.run_counter += 1
-        name = f"apply-{store.name}-{self.run_counter}"
-        config = self.config(name, store, max_offsets_per_trigger=max_offsets)
-        run = SparkRun("apply", store.name, max_offsets, self.records, expected=store.expected(self))
-        self.log(f"apply ({store.name}), maxOffsetsPerTrigger {max_offsets:,}: {self.records:,} records")
-        self.spark_child(run, config)
-        self.runs.append(run)
+        config = self.config(f"apply-{store.name}-{self.run_counter}", store, max_offsets_per_trigger=max_offsets)
         self.last_dir[store.name] = config
-        if not run.error:
-            ok = "" if run.check == run.expected else f" (expected {run.expected})"
-            self.log(f"apply ({store.name}): {_f(run.rate, 0)} rows/s in {_f(run.seconds)} s, {len(run.batches)} "
-                     f"batches; store holds {run.check}{ok}")
-        return run
+        return self.timed(
+            SparkRun("apply", store.name, max_offsets, self.records, expected=store.expected(self)), config,
+            f"apply ({store.name}), maxOffsetsPerTrigger {max_offsets:,}: {self.records:,} records",
+            lambda r: f"apply ({store.name}): {_f(r.rate, 0)} rows/s in {_f(r.seconds)} s, {len(r.batches)} "
+                      f"batches; store holds {r.check}" + ("" if r.check == r.expected else f" (expected {r.expected})"),
+        )
 
     def run_rebuild(self, max_offsets: int) -> SparkRun:
         """`cdc search rebuild` over the index the last search apply run filled."""
-        store = STORES["search"]()
-        config = self.last_dir["search"]
-        run = SparkRun("rebuild", "search", max_offsets, self.records, expected=store.expected(self))
-        self.log(f"rebuild (search), maxOffsetsPerTrigger {max_offsets:,}: {self.records:,} records")
+        return self.timed(
+            SparkRun("rebuild", "search", max_offsets, self.records, expected=STORES["search"]().expected(self)),
+            self.last_dir["search"], f"rebuild (search), maxOffsetsPerTrigger {max_offsets:,}: {self.records:,} records",
+            lambda r: f"rebuild (search): {_f(r.rate, 0)} rows/s in {_f(r.seconds)} s, {len(r.batches)} batches; "
+                      f"the index holds {r.check}",
+        )
+
+    def timed(self, run: SparkRun, config: Path, starting: str, finished: Callable[[SparkRun], str]) -> SparkRun:
+        """One Spark child, logged as it starts and (unless it failed) as it finished."""
+        self.log(starting)
         self.spark_child(run, config)
         self.runs.append(run)
         if not run.error:
-            self.log(f"rebuild (search): {_f(run.rate, 0)} rows/s in {_f(run.seconds)} s, {len(run.batches)} "
-                     f"batches; the index holds {run.check}")
+            self.log(finished(run))
         return run
 
     # -- 4. freshness ------------------------------------------------------------------------------
