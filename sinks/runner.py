@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cdc", "compaction", "sinks")  # what a sink job imports (never the capture side's C extension)
 ONCE_ATTEMPTS = 3
 REBUILDS = 3  # in a row, within one run: a store that keeps losing writes stops the job
+REBUILD_PASSES = 6  # a search rebuild's passes before its swap, at most
+CAUGHT_UP_S = 10.0  # a pass this short: the new indexes are close enough behind to swap
 
 
 def checkpoint(config: Config, store: str) -> str:
@@ -114,9 +116,11 @@ def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, lis
     """`cdc search rebuild`: every table's index again from the topics, beside the current
     one, then the aliases swapped; (alias, old indexes, new index, documents) per table.
 
-    Readers and a running search job keep the current indexes until the swap. The job's
-    writes to them that the rebuild had not read yet are in the topics before the swap,
-    so one more pass after it brings them over (position-guarded like every write)."""
+    Readers and a running search job keep the current indexes until the swap. Passes to
+    the topics' end follow each other until one is short, so that the new indexes are
+    seconds behind the current ones when the aliases move. The job's writes to the old
+    indexes that the rebuild had not read yet are in the topics before the swap, so one
+    more pass after it brings them over (position-guarded like every write)."""
     from sinks.search import SearchStore
 
     check(config, "search")
@@ -125,7 +129,11 @@ def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, lis
     stop.install()
     store = SearchStore(spark, config.search, config.topic.prefix, rebuild=True)
     try:
-        _keep_running(spark, config, store, True, stop)
+        for _ in range(REBUILD_PASSES):  # again until a pass finds little: what came while the last one ran
+            started = time.monotonic()
+            _keep_running(spark, config, store, True, stop)
+            if stop() or time.monotonic() - started < CAUGHT_UP_S:
+                break
         if stop():
             raise SinkStopped("the rebuild stopped before its swap; the current indexes are untouched: run "
                               "`cdc search rebuild` again to go on from where it stopped")

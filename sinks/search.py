@@ -448,32 +448,45 @@ class SearchStore:
 
     def swap(self) -> list[tuple[str, list[str], str]]:
         """Point every alias this rebuild filled at its new index instead of the old ones, in
-        one `_aliases` call (readers see the old indexes or the new ones, never neither); the
-        new ones are no longer hidden. The old ones go in `finish`, once the searches that
-        started on them are over. (alias, old indexes, new index) of each alias moved."""
+        one `_aliases` call: readers of the aliases see the old indexes or the new ones,
+        never neither. The old ones are hidden first and dropped in `finish`, once the
+        searches that started on them are over, so a wildcard search of the prefix meets
+        each table once. (alias, old indexes, new index) of each alias moved."""
         client = self._client()
         try:
             behind = self._behind(client)
             actions: list[dict[str, Any]] = []
             moved = []
             for alias in sorted(self.filled):
-                (new,) = behind[self.settings.target(alias)]
+                target = self.settings.target(alias)
+                if len(behind.get(target, [])) != 1:  # deleted under it: a new rebuild starts over
+                    from sinks.job import SinkStopped
+
+                    raise SinkStopped(f"{client.where} lost {target}, the rebuild's index for {alias}; the current "
+                                      "indexes are untouched: run `cdc search rebuild` again")
+                (new,) = behind[target]
                 old = [index for index in behind.get(alias, []) if index != new]
                 if new in behind.get(alias, []) and not old:
                     continue  # swapped before (a resumed rebuild)
                 actions.append({"add": {"index": new, "alias": alias}})
                 actions += [{"remove": {"index": index, "alias": alias}} for index in old]
                 moved.append((alias, old, new))
-            for _, _, new in moved:  # searchable as it is, and from now on as the job's indexes are
-                client.ok("PUT", f"/{_path(new)}/_settings", {"index": {"refresh_interval": None}})
-                client.ok("POST", f"/{_path(new)}/_refresh?expand_wildcards=all")
+            for _, old, new in moved:
+                client.ok("POST", f"/{_path(new)}/_refresh")  # searchable as it is at the swap
+                for index in old:
+                    client.ok("PUT", f"/{_path(index)}/_settings", {"index": {"hidden": True}})
             if actions:
                 client.ok("POST", "/_aliases", {"actions": actions})
             for _, _, new in moved:
-                client.ok("PUT", f"/{_path(new)}/_settings", {"index": {"hidden": False}})
+                self._show(client, new)
             return moved
         finally:
             client.close()
+
+    @staticmethod
+    def _show(client: Client, index: str) -> None:
+        """A rebuilt index as the job's are: visible to wildcards, refreshed every second."""
+        client.ok("PUT", f"/{_path(index)}/_settings", {"index": {"hidden": False, "refresh_interval": None}})
 
     def finish(self) -> None:
         """After the last pass: the rebuild's aliases, the tables' earlier generations and
@@ -481,12 +494,11 @@ class SearchStore:
         client = self._client()
         try:
             behind = self._behind(client)
-            actions = [{"remove": {"index": index, "alias": target}}
-                       for target in map(self.settings.target, sorted(self.filled))
+            rebuilt = [(target, index) for target in map(self.settings.target, sorted(self.filled))
                        for index in behind.get(target, [])]
-            for action in actions:  # as swap left them (again: a rebuild may stop in between)
-                client.ok("PUT", f"/{_path(action['remove']['index'])}/_settings",
-                          {"index": {"hidden": False, "refresh_interval": None}})
+            for _, index in rebuilt:  # again: a rebuild may have stopped right after its swap
+                self._show(client, index)
+            actions: list[dict[str, Any]] = [{"remove": {"index": index, "alias": target}} for target, index in rebuilt]
             for alias in sorted(self.filled):
                 there = client.ok("GET", f"/{_path(alias)}-v*?expand_wildcards=all", missing_ok=True) or {}
                 actions += [{"remove_index": {"index": index}} for index in sorted(there)
@@ -537,7 +549,7 @@ class SearchStore:
         target = self.settings.target(alias)
         fields = mapping(version, self.flat)["properties"]
         if alias not in self.mapped:
-            answer = client.ok("GET", f"/{_path(target)}/_mapping?expand_wildcards=all", missing_ok=True)
+            answer = client.ok("GET", f"/{_path(target)}/_mapping", missing_ok=True)
             if answer is None and alias in self.filled:
                 raise StoreLost(f"{client.where} lost the index behind {target}, which this job filled")
             self.filled.add(alias)
@@ -592,8 +604,7 @@ class SearchStore:
         if self.settings.refresh == "batch" and topics and not self.settings.rebuild:  # searchable at the commit
             client = self._client()
             try:
-                targets = ",".join(_path(self.settings.target(alias_name(t))) for t in topics)
-                client.ok("POST", f"/{targets}/_refresh?expand_wildcards=all")
+                client.ok("POST", "/" + ",".join(_path(alias_name(t)) for t in topics) + "/_refresh")
             finally:
                 client.close()
         if not rejected:
@@ -612,7 +623,7 @@ class SearchStore:
         bulk = Bulk(client, self.settings)
         query = {"query": {"match_all": {}}, "_source": False, "version": True, "size": CHUNK_KEYS, "sort": ["_doc"]}
         now_ms = int(time.time() * 1000)
-        for hits in _scroll(client, f"/{_path(target)}/_search?expand_wildcards=all", query):
+        for hits in _scroll(client, f"/{_path(target)}/_search", query):
             actions = []
             for hit in hits:
                 if hit["_version"] < lsn:
