@@ -143,7 +143,8 @@ def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, lis
         store.finish()
         drop_checkpoint(spark, checkpoint(config, store.name))
         ProgressLog(config.topic, store.name).forget()
-        return [(alias, old, new, store.documents(alias)) for alias, old, new in moved]
+        counts = store.documents([alias for alias, _, _ in moved])
+        return [(alias, old, new, counts[alias]) for alias, old, new in moved]
     finally:
         spark.stop()
 

@@ -511,11 +511,11 @@ class SearchStore:
         finally:
             client.close()
 
-    def documents(self, alias: str) -> int:
-        """How many documents the index behind `alias` holds (as of its last refresh)."""
+    def documents(self, aliases: list[str]) -> dict[str, int]:
+        """How many documents the index behind each alias holds (as of its last refresh)."""
         client = self._client()
         try:
-            return int(client.ok("GET", f"/{_path(alias)}/_count")["count"])
+            return {alias: int(client.ok("GET", f"/{_path(alias)}/_count")["count"]) for alias in aliases}
         finally:
             client.close()
 
