@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import orjson
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -87,7 +88,7 @@ class Progress:
 
     tables: dict[str, int] = field(default_factory=dict)  # topic -> highest commit LSN applied
     complete_lsn: int = 0  # every transaction committed at or below it is in the store
-    heartbeat_lsn: int = 0  # the newest daemon heartbeat read (complete after the next batch)
+    heartbeat_lsn: int = 0  # the newest daemon heartbeat read (complete after the next batch, or `settle`)
     batches: int = 0
     dead_letters: int = 0
 
@@ -124,6 +125,7 @@ class SinkJob:
         self.progress_log = topics.ProgressLog(config.topic, store.name)
         self.progress = Progress.from_record(self.progress_log.last())
         self.running = False  # a batch is being applied (SIGTERM waits for it)
+        self.last_batch: int | None = None  # the id of the last batch this run committed
         self.failure: BaseException | None = None
         self._lock = threading.Lock()  # tables are applied in parallel threads
 
@@ -302,7 +304,26 @@ class SinkJob:
         if beat is not None:
             progress.heartbeat_lsn = max(progress.heartbeat_lsn, beat)
         progress.batches += 1
+        self.last_batch = batch_id
         self.progress_log.send(progress.as_record(self.store.name, batch_id))
+
+    def settle(self, read: dict[str, dict[int, int]]) -> None:
+        """At the end of a drained run (`--once`), which has no next batch to complete its last
+        heartbeat (see `_record`): if no table topic grew past `read` (per topic and partition,
+        the offset after the last record the run read), every record below that heartbeat was
+        read, so the store is complete up to it."""
+        progress = self.progress
+        if self.last_batch is None or progress.heartbeat_lsn <= progress.complete_lsn:
+            return
+        admin = TopicAdmin(self.config.topic)
+        try:
+            tables = [t for t in admin.topics_with_prefix(self.prefix) if topics.is_table_topic(self.prefix, t)]
+            now = admin.end_offsets(tables)
+        finally:
+            admin.close()
+        if drained(read, now):
+            progress.complete_lsn = progress.heartbeat_lsn
+            self.progress_log.send(progress.as_record(self.store.name, self.last_batch))
 
     def close(self) -> None:
         self.schemas.close()
@@ -351,11 +372,33 @@ def run(
             raise job.failure
         if query.exception() is not None and not stopped:
             raise RuntimeError(str(query.exception()).splitlines()[0])
+        read = _offsets_read(query) if once and not stopped else None
+        if read is not None:
+            job.settle(read)
     finally:
         if query.isActive:
             query.stop()
         job.close()
     return job.progress
+
+
+def drained(read: dict[str, dict[int, int]], ends: dict[str, dict[int, int]]) -> bool:
+    """Whether `read` (per topic and partition, the offset after the last record read) reaches
+    every end offset of `ends` (a partition the run did not read has to be empty)."""
+    return all(end <= read.get(topic, {}).get(part, 0) for topic, parts in ends.items() for part, end in parts.items())
+
+
+def _offsets_read(query: Any) -> dict[str, dict[int, int]] | None:
+    """Per topic and partition, the offset after the last record the query read: its last
+    batch's end offsets (None before its first batch)."""
+    progress = query.lastProgress
+    if progress is None or not progress.sources:
+        return None
+    end = progress.sources[0].endOffset
+    offsets = orjson.loads(end) if isinstance(end, str) else end
+    if not offsets:
+        return None
+    return {topic: {int(part): int(offset) for part, offset in parts.items()} for topic, parts in offsets.items()}
 
 
 def _filesystem(spark: SparkSession, path: str) -> tuple[Any, Any]:
@@ -393,5 +436,5 @@ class StopSignal:
 
 
 __all__ = [
-    "ChangeStore", "SinkJob", "SinkStopped", "Store", "StoreLost", "TableStore", "TypeConflict", "drop_checkpoint", "ensure_topics", "run", "StopSignal",
+    "ChangeStore", "SinkJob", "SinkStopped", "Store", "StoreLost", "TableStore", "TypeConflict", "drained", "drop_checkpoint", "ensure_topics", "run", "StopSignal",
 ]

@@ -39,10 +39,17 @@ def internal(prefix: str, suffix: str) -> str:
     return f"{prefix}.{suffix}"
 
 
+_TABLE = r"[^.]+\.[^.]+"  # `<schema>.<table>` after the prefix; internal topics have one segment
+
+
 def subscription(prefix: str) -> str:
     """Java regex of the topics a sink reads: `<prefix>.<schema>.<table>` and the heartbeat
     (the other internal topics have a single segment after the prefix, like the heartbeat)."""
-    return rf"{re.escape(prefix)}\.([^.]+\.[^.]+|{HEARTBEAT})"
+    return rf"{re.escape(prefix)}\.({_TABLE}|{HEARTBEAT})"
+
+
+def is_table_topic(prefix: str, name: str) -> bool:
+    return re.fullmatch(rf"{re.escape(prefix)}\.{_TABLE}", name) is not None
 
 
 def _jaas_quote(text: str) -> str:

@@ -148,7 +148,7 @@ def start_streaming(
 
 def current_lsn(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()[0]
+        return int(conn.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()[0])
 
 
 def confirmed_lsn(dsn: str, slot: str) -> int | None:

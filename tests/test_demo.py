@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -47,3 +48,6 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
         'demo.public.orders/_doc/{"id":100}', 'demo.public.orders/_doc/{"id":200}']
     assert """search customers for email 'example.com': ['{"id":1}', '{"id":2}']""" in out
     assert "sink search: complete up to" in out
+    # each --once run read every record and a heartbeat after them: complete, not "up to 0/0"
+    completes = dict(re.findall(r"sink (\w+): \d+ batches, .* complete up to LSN (\S+),", out))
+    assert sorted(completes) == ["cache", "delta", "search"] and "0/0" not in completes.values(), completes

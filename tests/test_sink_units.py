@@ -27,8 +27,9 @@ from cdc.events.shapes import column_shape
 from cdc.events.types import field_schema
 from cdc.source.pgtypes import BUILTIN_TYPES
 from sinks.delta import needs_column_mapping, table_path, widens
+from sinks.job import drained
 from sinks.shapes import POINT, ColumnShape, Registry, Version, numeric_precision, spark_type
-from sinks.topics import spark_options, subscription
+from sinks.topics import is_table_topic, spark_options, subscription
 
 pytestmark = pytest.mark.unit
 
@@ -151,6 +152,21 @@ def test_the_subscription_takes_table_topics_and_the_heartbeat_only() -> None:
     for other in ("shop-1.eu.__cdc_state", "shop-1.eu.__cdc_schemas", "shop-1.eu.__cdc_dlq",
                   "shop-1.eu.__cdc_sinks", "shop-1Xeu.public.orders", "other.public.orders"):
         assert not pattern.fullmatch(other), other
+
+
+def test_table_topics_are_those_with_a_schema_and_a_table_after_the_prefix() -> None:
+    assert is_table_topic("shop-1.eu", "shop-1.eu.public.orders")
+    for other in ("shop-1.eu.__cdc_heartbeat", "shop-1.eu.__cdc_sinks", "shop-1Xeu.public.orders", "shop-1.eu.a.b.c"):
+        assert not is_table_topic("shop-1.eu", other), other
+
+
+def test_a_run_has_drained_the_topics_only_when_no_partition_grew_past_what_it_read() -> None:
+    read = {"p.public.a": {0: 10, 1: 4}}
+    assert drained(read, {"p.public.a": {0: 10, 1: 4}})
+    assert drained(read, {"p.public.a": {0: 10, 1: 4}, "p.public.new": {0: 0}})  # a new, empty table
+    assert not drained(read, {"p.public.a": {0: 11, 1: 4}})  # a record came after the run's last batch
+    assert not drained(read, {"p.public.a": {0: 10, 1: 4, 2: 1}})  # a partition added since
+    assert not drained(read, {"p.public.a": {0: 10, 1: 4}, "p.public.new": {0: 3}})
 
 
 def test_spark_kafka_options_carry_sasl_credentials_quoted() -> None:
