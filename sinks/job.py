@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.config import Config
-from cdc.kafka.topics import TopicAdmin
+from cdc.kafka.topics import TopicAdmin, TopicError
 from sinks import topics
 from sinks.batch import ChangeBatch, TableBatch, TypeConflict, decode_table, table_batch
 from sinks.envelope import change_rows
@@ -34,6 +34,7 @@ from sinks.shapes import Registry
 log = logging.getLogger(__name__)
 
 TABLE_THREADS = 4
+QUIET_S = 2.0  # no batch for this long: the streaming job looks whether its last heartbeat is complete
 LETTER_COLUMNS = ("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_key", "_cdc_error", "_value")
 
 
@@ -126,8 +127,10 @@ class SinkJob:
         self.progress = Progress.from_record(self.progress_log.last())
         self.running = False  # a batch is being applied (SIGTERM waits for it)
         self.last_batch: int | None = None  # the id of the last batch this run committed
+        self.batch_ended = 0.0  # when it ended (monotonic)
+        self._settled: int | None = None  # the last batch `settle` looked after
         self.failure: BaseException | None = None
-        self._lock = threading.Lock()  # tables are applied in parallel threads
+        self._lock = threading.Lock()  # tables are applied in parallel threads; `settle` runs beside batches
 
     def __call__(self, records: DataFrame, batch_id: int) -> None:
         if self.stop_requested():  # batches follow each other at once: the stop must come from here
@@ -298,32 +301,47 @@ class SinkJob:
         """Every record below a heartbeat read in an earlier batch was in the topics when this
         batch's offsets were taken, so this batch completes the store up to that heartbeat."""
         progress = self.progress
-        for topic, lsn in applied.items():
-            progress.tables[topic] = max(progress.tables.get(topic, 0), lsn)
-        progress.complete_lsn = max(progress.complete_lsn, progress.heartbeat_lsn)
-        if beat is not None:
-            progress.heartbeat_lsn = max(progress.heartbeat_lsn, beat)
-        progress.batches += 1
-        self.last_batch = batch_id
-        self.progress_log.send(progress.as_record(self.store.name, batch_id))
+        with self._lock:
+            for topic, lsn in applied.items():
+                progress.tables[topic] = max(progress.tables.get(topic, 0), lsn)
+            progress.complete_lsn = max(progress.complete_lsn, progress.heartbeat_lsn)
+            if beat is not None:
+                progress.heartbeat_lsn = max(progress.heartbeat_lsn, beat)
+            progress.batches += 1
+            self.last_batch, self.batch_ended = batch_id, time.monotonic()
+            self.progress_log.send(progress.as_record(self.store.name, batch_id))
+
+    def quiet(self) -> bool:
+        """No batch for QUIET_S since one that `settle` has not looked after."""
+        return not self.running and self.last_batch != self._settled and time.monotonic() - self.batch_ended >= QUIET_S
 
     def settle(self, read: dict[str, dict[int, int]]) -> None:
-        """At the end of a drained run (`--once`), which has no next batch to complete its last
-        heartbeat (see `_record`): if no table topic grew past `read` (per topic and partition,
-        the offset after the last record the run read), every record below that heartbeat was
-        read, so the store is complete up to it."""
+        """When no next batch comes to complete the last heartbeat (see `_record`): at the end
+        of a drained run (`--once`), or while the topics are quiet. If no table topic grew past
+        `read` (per topic and partition, the offset after the last record the applied batches
+        read), every record below that heartbeat was read: the store is complete up to it.
+        Once per batch: topics that grew bring a batch."""
         progress = self.progress
-        if self.last_batch is None or progress.heartbeat_lsn <= progress.complete_lsn:
-            return
-        admin = TopicAdmin(self.config.topic)
+        with self._lock:
+            batch, beat = self.last_batch, progress.heartbeat_lsn
+            if batch is None or batch == self._settled or beat <= progress.complete_lsn:
+                return
+            self._settled = batch
         try:
-            tables = [t for t in admin.topics_with_prefix(self.prefix) if topics.is_table_topic(self.prefix, t)]
-            now = admin.end_offsets(tables)
-        finally:
-            admin.close()
+            admin = TopicAdmin(self.config.topic)
+            try:
+                tables = [t for t in admin.topics_with_prefix(self.prefix) if topics.is_table_topic(self.prefix, t)]
+                now = admin.end_offsets(tables)
+            finally:
+                admin.close()
+        except TopicError as exc:  # the store is written; only this shortcut to its progress is lost
+            log.warning("progress stays complete up to the heartbeat before the last one: %s", exc)
+            return
         if drained(read, now):
-            progress.complete_lsn = progress.heartbeat_lsn
-            self.progress_log.send(progress.as_record(self.store.name, self.last_batch))
+            with self._lock:
+                if beat > progress.complete_lsn:  # else a later batch completed it already
+                    progress.complete_lsn = beat
+                    self.progress_log.send(progress.as_record(self.store.name, batch))
 
     def close(self) -> None:
         self.schemas.close()
@@ -366,6 +384,10 @@ def run(
                 stopped = True
                 query.stop()
                 break
+            if not once and job.quiet():
+                read = _offsets_read(query)  # the applied batches' (lastProgress follows each commit)
+                if read is not None:
+                    job.settle(read)
             time.sleep(0.2)
         stopped = stopped or isinstance(job.failure, _StopRequested)
         if job.failure is not None and not stopped:

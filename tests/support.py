@@ -17,8 +17,9 @@ from typing import Any
 import orjson
 import psycopg
 
-from cdc.config import TopicConfig
+from cdc.config import TopicConfig, load
 from cdc.naming import topic_name
+from compaction.progress import read_progress
 from compaction.reader import read_topic
 from compaction.table import TopicTable, build, payload_of
 
@@ -144,6 +145,12 @@ def start_streaming(
         raise AssertionError(f"the daemon did not start streaming:\n{daemon.output()[-3000:]}") from None
     assert daemon.alive(), daemon.output()[-3000:]
     return daemon
+
+
+def last_heartbeat(config: TopicConfig) -> int:
+    """The LSN of the daemon's latest heartbeat (0 before the first)."""
+    beats = read_topic(config, f"{config.prefix}.__cdc_heartbeat")
+    return max((int(orjson.loads(r.value)["lsn"]) for r in beats if r.value is not None), default=0)
 
 
 def current_lsn(dsn: str) -> int:
@@ -334,6 +341,10 @@ class Sink:
         self.proc.wait(30)
         self._out.close()
 
+    def complete_lsn(self) -> int:
+        """The LSN up to which the job's latest progress record says its store is complete."""
+        return int(read_progress(load(self.config).topic).get(self.store, {}).get("complete_lsn", 0))
+
     def batches(self) -> int:
         """The micro-batches the job's log reports so far."""
         return self.log.read_text().count("INFO sinks.job: batch ") if self.log.exists() else 0
@@ -382,8 +393,13 @@ def acct_under_load(
         sink.next_batch()
         restart(sink)
         sink.next_batch("a batch after the restart")
-        assert sink.stop() == 0
+    # the writers stopped: once the heartbeats stop too, no batch comes to complete the last
+    # one the job read, so the job does it itself
     wait_caught_up(db.dsn, slot, daemon)
+    topics = load(sink.config).topic
+    wait_for(lambda: sink.complete_lsn() == last_heartbeat(topics) > 0, 120,
+             "the streaming job to be complete up to the last heartbeat")
+    assert sink.stop() == 0
     sink.once(env={"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"})
     assert stored() == acct_rows(db)
     assert daemon.stop() == 0

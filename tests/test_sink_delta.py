@@ -29,6 +29,7 @@ from tests.support import (
     Sink,
     cdc,
     current_lsn,
+    last_heartbeat,
     wait_caught_up,
     wait_for,
     write_config,
@@ -141,12 +142,6 @@ def _config(tmp_path: Path, db: Any, servers: str, prefix: str, **extra: dict) -
     )
 
 
-def _heartbeat(servers: str, prefix: str) -> int:
-    """The LSN of the daemon's latest heartbeat (0 before the first)."""
-    beats = read_topic(TopicConfig(bootstrap_servers=servers), f"{prefix}.__cdc_heartbeat")
-    return max((int(orjson.loads(r.value)["lsn"]) for r in beats if r.value is not None), default=0)
-
-
 def _table(spark: SparkSession, warehouse: Path, kind: str, table: str = "wide") -> Any:
     return spark.read.format("delta").load(str(warehouse / kind / "public" / table))
 
@@ -197,7 +192,8 @@ def test_current_changes_and_history_follow_the_source(
     db.execute("INSERT INTO public.wide (id, t) VALUES (6, 'six')")
     wait_caught_up(db.dsn, slot, daemon)
     written = current_lsn(db.dsn)
-    wait_for(lambda: _heartbeat(broker_servers, topic_prefix) >= written, 60, f"a heartbeat at LSN {written}")
+    beats = TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix)
+    wait_for(lambda: last_heartbeat(beats) >= written, 60, f"a heartbeat at LSN {written}")
     sink.once()
 
     current = _table(spark, warehouse, "current")
