@@ -315,18 +315,20 @@ class SinkJob:
         """No batch for QUIET_S since one that `settle` has not looked after."""
         return not self.running and self.last_batch != self._settled and time.monotonic() - self.batch_ended >= QUIET_S
 
-    def settle(self, read: dict[str, dict[int, int]]) -> None:
+    def settle(self, read: dict[str, dict[int, int]] | None) -> None:
         """When no next batch comes to complete the last heartbeat (see `_record`): at the end
         of a drained run (`--once`), or while the topics are quiet. If no table topic grew past
         `read` (per topic and partition, the offset after the last record the applied batches
-        read), every record below that heartbeat was read: the store is complete up to it.
-        Once per batch: topics that grew bring a batch."""
+        read; None: not known), every record below that heartbeat was read: the store is
+        complete up to it. Once per batch: topics that grew bring a batch."""
         progress = self.progress
         with self._lock:
             batch, beat = self.last_batch, progress.heartbeat_lsn
-            if batch is None or batch == self._settled or beat <= progress.complete_lsn:
+            if read is None or batch is None or batch == self._settled:
                 return
             self._settled = batch
+            if beat <= progress.complete_lsn:
+                return
         try:
             admin = TopicAdmin(self.config.topic)
             try:
@@ -385,18 +387,15 @@ def run(
                 query.stop()
                 break
             if not once and job.quiet():
-                read = _offsets_read(query)  # the applied batches' (lastProgress follows each commit)
-                if read is not None:
-                    job.settle(read)
+                job.settle(_offsets_read(query))
             time.sleep(0.2)
         stopped = stopped or isinstance(job.failure, _StopRequested)
         if job.failure is not None and not stopped:
             raise job.failure
         if query.exception() is not None and not stopped:
             raise RuntimeError(str(query.exception()).splitlines()[0])
-        read = _offsets_read(query) if once and not stopped else None
-        if read is not None:
-            job.settle(read)
+        if once and not stopped:
+            job.settle(_offsets_read(query))
     finally:
         if query.isActive:
             query.stop()
@@ -412,7 +411,7 @@ def drained(read: dict[str, dict[int, int]], ends: dict[str, dict[int, int]]) ->
 
 def _offsets_read(query: Any) -> dict[str, dict[int, int]] | None:
     """Per topic and partition, the offset after the last record the query read: its last
-    batch's end offsets (None before its first batch)."""
+    committed batch's end offsets (lastProgress follows each commit); None before the first."""
     progress = query.lastProgress
     if progress is None or not progress.sources:
         return None
