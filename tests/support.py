@@ -18,6 +18,7 @@ import orjson
 import psycopg
 
 from cdc.config import TopicConfig, load
+from cdc.kafka.heartbeat import heartbeat_topic
 from cdc.naming import topic_name
 from compaction.progress import read_progress
 from compaction.reader import read_topic
@@ -149,7 +150,7 @@ def start_streaming(
 
 def last_heartbeat(config: TopicConfig) -> int:
     """The LSN of the daemon's latest heartbeat (0 before the first)."""
-    beats = read_topic(config, f"{config.prefix}.__cdc_heartbeat")
+    beats = read_topic(config, heartbeat_topic(config.prefix))
     return max((int(orjson.loads(r.value)["lsn"]) for r in beats if r.value is not None), default=0)
 
 
