@@ -307,14 +307,8 @@ class CacheStore:
         for topic, truncates in batch.truncates.items():
             for lsn, seq, _ in truncates:
                 self._truncate(topic, position(lsn, seq))
-        rows = batch.changes().select(*COLUMNS)
-        # Spark's Kafka source reads each topic partition into one Spark partition (no
-        # minPartitions is set) and the job only coalesces them, so a key's changes are
-        # already together: sorting within partitions puts them in offset order (the key's
-        # position order), no shuffle
-        rows.sortWithinPartitions("_cdc_topic", "_cdc_key", "_cdc_offset").foreachPartition(
-            PartitionWriter(self.settings)
-        )
+        # a key's changes meet in one Spark partition, in offset order (sinks.latest)
+        batch.changes().select(*COLUMNS).foreachPartition(PartitionWriter(self.settings))
 
     def _truncate(self, topic: str, pos: str) -> None:
         """Delete every row of the table older than `pos`, walking its key set (on the driver:

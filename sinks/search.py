@@ -540,7 +540,7 @@ class SearchStore:
             log.info("%s: %d delete markers older than %d s expired", client.where, expired,
                      self.settings.marker_ttl_ms // 1000)
 
-    def _ensure_index(self, client: Client, topic: str, version: Version) -> None:
+    def ensure_index(self, client: Client, topic: str, version: Version) -> None:
         """The table's index behind the alias the job writes through, and its markers;
         fields of new columns added."""
         from sinks.job import StoreLost
@@ -588,19 +588,14 @@ class SearchStore:
         client = self._client()
         try:
             for topic in topics:
-                self._ensure_index(client, topic, registry.versions(topic)[-1])
+                self.ensure_index(client, topic, registry.versions(topic)[-1])
             for topic, truncates in batch.truncates.items():
                 if truncates:
                     self._truncate(client, topic, truncates[-1][0])
         finally:
             client.close()
-        rows = batch.changes().select(*COLUMNS)
-        # Each topic partition is one Spark partition (the job only coalesces them), so a
-        # key's changes are together: sorted within partitions they are in offset order
-        rejected = (
-            rows.sortWithinPartitions("_cdc_topic", "_cdc_key", "_cdc_offset")
-            .rdd.mapPartitions(PartitionWriter(self.settings, registry)).collect()
-        )
+        # a key's changes meet in one Spark partition, in offset order (sinks.latest)
+        rejected = batch.changes().select(*COLUMNS).rdd.mapPartitions(PartitionWriter(self.settings, registry)).collect()
         if self.settings.refresh == "batch" and topics and not self.settings.rebuild:  # searchable at the commit
             client = self._client()
             try:

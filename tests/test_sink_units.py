@@ -222,6 +222,32 @@ def test_the_cache_keeps_the_last_change_of_each_key_with_toasted_values_carried
     ]
 
 
+def test_the_fold_takes_each_partition_in_arrival_order_without_a_sort() -> None:
+    """A Spark partition holds whole topic partitions one after the other (the job only
+    coalesces): keys interleave, each key's changes in offset order. The fold needs no sort."""
+    from sinks.latest import last_changes, position
+    from sinks.shapes import TOAST_PLACEHOLDER
+
+    rows = [  # topic partition 0 of t, then topic partition 1 of t, then one of u
+        _event('{"id":2}', 1, "c", {"id": 2, "body": "first", "n": 0}, lsn=10),
+        _event('{"id":1}', 2, "c", {"id": 1, "body": "x", "n": 0}, lsn=10),
+        _event('{"id":2}', 3, "u", {"id": 2, "body": TOAST_PLACEHOLDER, "n": 1}, lsn=11),
+        _event('{"id":1}', 4, "d", lsn=12),
+        _event('{"id":2}', 5, "u", {"id": 2, "body": "second", "n": 2}, lsn=13),
+        _event('{"id":1}', 6, None),  # the d's tombstone, after another key's change
+        _event('{"id":3}', 1, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 7}, lsn=12),
+        _event('{"id": 1}', 1, "c", {"id": 1, "body": "u's", "n": 9}, lsn=14, topic="p.public.u"),
+        _event('{"id":3}', 2, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 8}, lsn=13),
+    ]
+    out = [(t, c.key, c.kind, c.pos, c.offset, c.row, c.missing) for t, c in last_changes(rows)]
+    assert out == [
+        ("p.public.t", '{"id":2}', "u", position(13, 13), 5, {"id": 2, "body": "second", "n": 2}, ()),
+        ("p.public.t", '{"id":1}', "d", position(12, 12), 6, None, ()),
+        ("p.public.t", '{"id":3}', "u", position(13, 13), 2, {"id": 3, "body": TOAST_PLACEHOLDER, "n": 8}, ("body",)),
+        ("p.public.u", '{"id":1}', "u", position(14, 14), 1, {"id": 1, "body": "u's", "n": 9}, ()),
+    ]
+
+
 def test_cache_keys_positions_and_urls() -> None:
     from cdc.redact import display_url
     from sinks.latest import canonical_key, position
