@@ -3,7 +3,8 @@
     python bench/sinks.py [--changes 1000000] [--tables 4] [--max-offsets 200000,1000000]
                           [--stores delta,search,cache] [--fresh-rate 1000] [--fresh-seconds 45]
                           [--fresh-warmup 15]
-                          [--skip-freshness] [--skip-rebuild] [--driver-memory 2g] [--keep]
+                          [--skip-freshness] [--skip-rebuild] [--skip-alone] [--driver-memory 2g]
+                          [--keep]
 
 It starts its own throwaway PostgreSQL (fsync off, synchronous_commit off) and Apache Kafka
 (cdc.local.kafka: one KRaft broker/controller on these cores), creates --tables tables
@@ -14,6 +15,12 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
 1. Capture: `cdc run` ([topic] client = "confluent") until the slot's confirmed_flush_lsn
    passes the end of the writes; the daemon is stopped. The records are counted from the
    topics' high watermarks (the sink phases must see exactly these).
+   Then the search and cache servers alone (unless --skip-alone): the bench reads the
+   backlog with confluent-kafka and hands it to the sink's own executor code
+   (sinks.<store>.PartitionWriter: the last change per key, then the job's writes) in
+   its own process, with no Spark, into a new store; the server's CPU is a floor under
+   its share of any apply run, and with the read ceiling's CPU per record it bounds the
+   apply ratio these cores have room for.
 2. Read ceiling: Spark's Kafka source with the sink's own options (sinks.topics.spark_options,
    subscription, startingOffsets earliest, maxOffsetsPerTrigger) and the available-now
    trigger into a foreachBatch that only counts, on local[2], in a child process (one
@@ -78,6 +85,7 @@ from capture import (
     CpuWindow,
     _f,
     drive,
+    group_cpu_seconds,
     pct,
     recv,
 )
@@ -135,6 +143,7 @@ class StoreBench:
     the search index and the cache as subclasses: the phases stay the same."""
 
     name = ""
+    served = False  # a server of its own, apart from Spark (measured alone too)
     apply_target = 0.5  # the issues' targets: apply rows/s over the read ceiling, freshness p99
     fresh_target_s = 10.0
 
@@ -157,6 +166,16 @@ class StoreBench:
 
     def close(self) -> None:
         """Stop what `sections` started (the bench ends with os._exit: no atexit runs)."""
+
+    @property
+    def server_pid(self) -> int | None:
+        """The process group of the store's own server (None: the store runs inside Spark)."""
+        return None
+
+    def write_alone(self, config_path: Path, rows: list[tuple[Any, ...]], registry: Any) -> None:
+        """Write `rows` (sinks.latest.COLUMNS, each key's in offset order) into a new store
+        with the sink's own executor code, in the bench: no Spark."""
+        raise NotImplementedError
 
 
 class DeltaLog:
@@ -276,6 +295,7 @@ class CacheBench(StoreBench):
     """Redis, started by the bench on first use; each run dir gets a database of its own."""
 
     name = "cache"
+    served = True
     apply_target = 0.6
     fresh_target_s = 3.0
 
@@ -294,6 +314,18 @@ class CacheBench(StoreBench):
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
+
+    @property
+    def server_pid(self) -> int | None:
+        return self.server.pid if self.server is not None else None
+
+    def write_alone(self, config_path: Path, rows: list[tuple[Any, ...]], registry: Any) -> None:
+        from cdc.config import load as load_config
+        from sinks.cache import CacheStore, PartitionWriter
+
+        store = CacheStore(load_config(str(config_path)).cache, PREFIX)
+        store.start(resumed=False)
+        PartitionWriter(store.settings)(iter(rows))
 
     def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
         import redis
@@ -334,6 +366,7 @@ class SearchBench(StoreBench):
     prefix's indexes (the runs share the topics, so their aliases)."""
 
     name = "search"
+    served = True
     apply_target = 0.4
     fresh_target_s = 3.0
 
@@ -359,6 +392,31 @@ class SearchBench(StoreBench):
     def close(self) -> None:
         if self.node is not None:
             self.node.close()
+
+    @property
+    def server_pid(self) -> int | None:
+        return self.node.pid if self.node is not None else None
+
+    def write_alone(self, config_path: Path, rows: list[tuple[Any, ...]], registry: Any) -> None:
+        """The job's indexes (sinks.search.SearchStore, whose Spark session only apply_changes
+        uses), the executors' writer, then the refresh the job makes after each batch."""
+        from cdc.config import load as load_config
+        from sinks.search import PartitionWriter, SearchStore
+        from sinks.search_shapes import alias_name
+
+        store = SearchStore(None, load_config(str(config_path)).search, PREFIX)  # type: ignore[arg-type]
+        store.start(resumed=False)
+        client = store.settings.client()
+        try:
+            topics = sorted({row[0] for row in rows})
+            for topic in topics:
+                store.ensure_index(client, topic, registry.versions(topic)[-1])
+            rejected = list(PartitionWriter(store.settings, registry)(iter(rows)))
+            if rejected:
+                raise BenchError(f"OpenSearch rejected {len(rejected):,} documents, the first: {rejected[0]}")
+            client.ok("POST", "/" + ",".join(alias_name(t) for t in topics) + "/_refresh")
+        finally:
+            client.close()
 
     @staticmethod
     def _client(config_path: str) -> Any:
@@ -425,6 +483,8 @@ class SparkRun:
     batches: list[tuple[int, int, float]] = field(default_factory=list)  # (batch, records, seconds)
     read: int | None = None  # records the query saw (ceiling: counted, heartbeats included)
     kinds: dict[str, float] = field(default_factory=dict)  # Delta: seconds per written table kind, summed
+    store_s: float | None = None  # Delta: the batches' writes of their decoded rows (StoreCpu)
+    store_cpu_s: float | None = None
     check: dict[str, Any] = field(default_factory=dict)
     expected: dict[str, Any] = field(default_factory=dict)
     error: str = ""
@@ -434,6 +494,20 @@ class SparkRun:
     @property
     def rate(self) -> float | None:
         return self.records / self.seconds if self.seconds and not self.error else None
+
+
+@dataclass
+class Alone:
+    """A store's server applying the backlog with nothing of Spark: the bench reads the
+    records itself and hands them to the sink's executor code. The server's CPU here is
+    a floor under its share of any apply run: the run writes at least these keys."""
+
+    store: str
+    keys: int  # the backlog's keys: one write each (the last change per key)
+    seconds: float = 0.0
+    server_cpu_s: float | None = None  # the server's process group
+    writer_cpu_s: float = 0.0  # the bench process: the sink's Python writer (and its parsing)
+    error: str = ""
 
 
 @dataclass
@@ -474,6 +548,7 @@ class SinksBench(Bench):
         self.table_records: dict[str, int] = {}
         self.runs: list[SparkRun] = []
         self.fresh: dict[str, Freshness] = {}
+        self.alone: dict[str, Alone] = {}
         self.inserted: dict[str, int] = {}
         self.last_dir: dict[str, Path] = {}  # store -> run dir of its last apply run
         self.run_counter = 0
@@ -605,6 +680,66 @@ class SinksBench(Bench):
                 raise BenchError(f"cdc run did not start streaming; its log {log_path}:\n{text[-3000:]}")
             time.sleep(0.02)
 
+    # -- the stores' servers alone -----------------------------------------------------------
+    def backlog_rows(self) -> list[tuple[Any, ...]]:
+        """Every backlog record as the cache and search executors get it (sinks.latest.COLUMNS,
+        each topic partition's in offset order), read with confluent-kafka and parsed here."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        ends = TopicAdmin(TopicConfig(bootstrap_servers=self.servers))
+        try:
+            partitions = ends.end_offsets(self.topics)
+        finally:
+            ends.close()
+        consumer = Consumer({"bootstrap.servers": self.servers, "group.id": f"bench-alone-{os.getpid()}",
+                             "enable.auto.commit": False, "log_level": 4})
+        rows: list[tuple[Any, ...]] = []
+        try:
+            consumer.assign([TopicPartition(t, p, 0) for t, ends_of in partitions.items() for p in ends_of])
+            deadline = time.monotonic() + 600
+            while len(rows) < self.records:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"read {len(rows):,} of the backlog's {self.records:,} records in 600 s")
+                for msg in consumer.consume(10_000, 1.0):
+                    if msg.error() is not None:
+                        raise BenchError(f"reading the backlog: {msg.error()}")
+                    env = orjson.loads(msg.value())
+                    env = env.get("payload", env)  # schemas on or off
+                    lsn, seq = (int(x) for x in orjson.loads(env["source"]["sequence"]))
+                    after = orjson.dumps(env["after"]).decode() if env["after"] is not None else None
+                    rows.append((msg.topic(), msg.key().decode(), env["op"], lsn, seq, msg.partition(), msg.offset(),
+                                 False, after))
+        finally:
+            consumer.close()
+        return rows
+
+    def run_alone(self, rows: list[tuple[Any, ...]], store: StoreBench) -> None:
+        """The store's server alone: the backlog's last change per key written by the sink's
+        executor code (sinks.<store>.PartitionWriter) from the bench, into a new store."""
+        from sinks.topics import SchemaFeed
+
+        config = self.config(f"alone-{store.name}", store)
+        feed = SchemaFeed(TopicConfig(bootstrap_servers=self.servers, prefix=PREFIX))
+        try:
+            registry = feed.refresh()
+        finally:
+            feed.close()
+        result = self.alone[store.name] = Alone(store.name, len({(r[0], r[1]) for r in rows}))
+        self.log(f"{store.name} server alone: writing the last change of {result.keys:,} keys from the bench")
+        window = CpuWindow({"server": store.server_pid}).start()
+        cpu0, t0 = time.process_time(), time.monotonic()
+        try:
+            store.write_alone(config, rows, registry)
+        except Exception as exc:  # the report says so; the Spark phases still run
+            result.error = f"{type(exc).__name__}: {exc}"[:300]
+            self.failed = True
+            self.log(f"{store.name} server alone FAILED: {result.error}")
+            return
+        result.seconds, result.writer_cpu_s = time.monotonic() - t0, time.process_time() - cpu0
+        result.server_cpu_s = window.stop().used.get("server")
+        self.log(f"{store.name} server alone: {result.keys / result.seconds:,.0f} keys/s, server CPU "
+                 f"{_f(result.server_cpu_s)} s, the sink's writer {_f(result.writer_cpu_s)} s")
+
     # -- 2./3. Spark children -----------------------------------------------------------------
     def spark_child(self, run: SparkRun, config: Path) -> None:
         """Run `bench/sinks.py _child <phase>` and time its query; fills `run`."""
@@ -656,6 +791,7 @@ class SinksBench(Bench):
         run.seconds = end.get("seconds")
         run.cpu_s, run.machine_busy_cores = marks.get("cpu"), marks.get("machine")
         run.read = end.get("read")
+        run.store_s, run.store_cpu_s = end.get("store_s"), end.get("store_cpu")
         if run.phase in ("apply", "rebuild") and not run.error and proc.returncode == 0:
             store = STORES[run.store]()
             run.check = store.check(config, self.topics)
@@ -845,6 +981,12 @@ class SinksBench(Bench):
         self.start_services()
         self.generate()
         self.run_capture()
+        alone = [store for store in self.stores if store.served and not self.args.skip_alone]
+        if alone:
+            rows = self.backlog_rows()
+            for store in alone:
+                self.run_alone(rows, store)
+            del rows
         for max_offsets in self.args.max_offsets:
             self.run_ceiling(max_offsets)
             for store in self.stores:
@@ -941,6 +1083,7 @@ class SinksBench(Bench):
                 f"{f', {f.missing} never seen' if f.missing else ''} | {pct(f.latencies_s, 50):.2f} / {p99:.2f} / "
                 f"{max(f.latencies_s):.2f} s | p99 < {goal} s ({'met' if p99 < goal and not f.missing else '**missed**'}) |"
             )
+        out += self.alone_report(ceilings)
         out.append("")
         for r in self.runs:
             if r.kinds:
@@ -985,6 +1128,58 @@ class SinksBench(Bench):
         for f in self.fresh.values():
             out.append(f"- streaming sink ({f.store}): `{f.command}`")
         return "\n".join(out)
+
+
+    def alone_report(self, ceilings: dict[int, SparkRun]) -> list[str]:
+        """The stores' own work apart from Spark's reading (the search and cache servers alone,
+        the Delta writes inside the apply runs), and the apply ratio it and the read leave
+        room for on these cores."""
+        writes = [r for r in self.runs if r.phase == "apply" and r.store_cpu_s is not None and not r.error]
+        if not self.alone and not writes:
+            return []
+        read = min((r for r in ceilings.values() if r.cpu_s and r.rate), key=lambda r: r.cpu_s / r.records,
+                   default=None)
+        cores = os.cpu_count() or 1
+
+        def room(store_cpu_s: float | None) -> str:
+            if read is None or not read.cpu_s or not read.rate or store_cpu_s is None:
+                return "-"
+            return f"{cores / (read.cpu_s / read.records + store_cpu_s / self.records) / read.rate:.2f}"
+
+        out = [
+            "", "| the store's own work, apart from Spark's reading | writes | seconds | writes/s | store CPU s | "
+            "the sink's Python writer CPU s | apply ratio these cores have room for | target |",
+            "|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for a in self.alone.values():
+            label = f"{a.store}: its server alone, the bench writing the last change of each key"
+            if a.error:
+                out.append(f"| {label} | {a.keys:,} | **FAILED**: {a.error} | | | | | |")
+                continue
+            out.append(
+                f"| {label} | {a.keys:,} | {a.seconds:.1f} | {a.keys / a.seconds:,.0f} | {_f(a.server_cpu_s)} | "
+                f"{_f(a.writer_cpu_s)} | {room(a.server_cpu_s)} | >= {STORES[a.store].apply_target} |"
+            )
+        for r in writes:
+            assert r.store_s is not None
+            out.append(
+                f"| delta: the job's writes of its decoded rows, in the apply run at {r.max_offsets:,} | "
+                f"{r.records:,} | {r.store_s:.1f} | {r.records / r.store_s:,.0f} | {_f(r.store_cpu_s)} | - | "
+                f"{room(r.store_cpu_s)} | >= {STORES['delta'].apply_target} |"
+            )
+        out += ["", (
+            "Server alone: the bench reads the backlog with confluent-kafka and hands it to the sink's own executor "
+            "code (`sinks.<store>.PartitionWriter`: the last change per key, then the writes the job makes), in one "
+            "process, into a new store; store CPU = the server's process group. Delta's writes: the apply child's "
+            "CPU (Spark's) from each batch's first Delta write to its last (the job has decoded and stored the "
+            f"batch's rows by then). Room = {cores} cores / (Spark's CPU per record in the read ceiling"
+            + (f" at maxOffsetsPerTrigger {read.max_offsets:,}" if read is not None else "")
+            + " + the store's CPU per backlog record), over the read ceiling's rows/s: the fastest apply that these "
+            "two costs leave CPU for on this machine. Nothing else is counted (not the broker serving the reads, "
+            "not parsing the envelopes, not moving rows into Python, not the sink's Python writer), so an apply "
+            "ratio above it cannot fit in these cores with these writes."
+        )]
+        return out
 
 
 # --------------------------------------------------------------------------- children
@@ -1036,6 +1231,41 @@ def reader_child(conn: Any, store_name: str, config_path: str, poll_s: float, ba
 
 def emit(event: str, **fields: Any) -> None:
     print(CHILD_MARK + json.dumps({"event": event, **fields}), flush=True)
+
+
+class StoreCpu:
+    """The Delta store, measured: the child's CPU (its process group: the driver and the
+    JVM) and time from a batch's first store write to the store's `done`. The job has
+    decoded and stored the batch's rows by then, so this is the writes alone."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.seconds = self.cpu_s = 0.0
+        self._from: tuple[float, float] | None = None
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    @staticmethod
+    def _now() -> tuple[float, float]:
+        return time.monotonic(), group_cpu_seconds(os.getpgid(0)) or 0.0
+
+    def steps(self) -> tuple[Callable[[Any], None], ...]:
+        def measured(step: Callable[[Any], None]) -> Callable[[Any], None]:
+            def write(batch: Any) -> None:
+                with self._lock:
+                    if self._from is None:
+                        self._from = self._now()
+                step(batch)
+            return write
+        return tuple(measured(step) for step in self.store.steps())
+
+    def done(self) -> None:
+        if self._from is not None:
+            (t0, c0), (t1, c1) = self._from, self._now()
+            self.seconds, self.cpu_s, self._from = self.seconds + t1 - t0, self.cpu_s + c1 - c0, None
+        self.store.done()
 
 
 def child_main(argv: list[str]) -> int:
@@ -1103,11 +1333,13 @@ def child_main(argv: list[str]) -> int:
         else:
             store_name = args.store
             store = make_store(store_name, spark, config)
+            measured = StoreCpu(store) if store_name == "delta" else None
             emit("query_start")
             t1 = time.monotonic()
-            progress = run(spark, config, store, checkpoint(config, store_name), True)
+            progress = run(spark, config, measured or store, checkpoint(config, store_name), True)
             seconds = time.monotonic() - t1
-            emit("query_end", seconds=seconds, batches=progress.batches, read=None)
+            emit("query_end", seconds=seconds, batches=progress.batches, read=None,
+                 store_s=measured and measured.seconds, store_cpu=measured and measured.cpu_s)
         spark.stop()
         return 0
     except BaseException as exc:
@@ -1130,6 +1362,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--spark-timeout", type=float, default=3600,
                         help="a ceiling or apply child running longer is killed and reported (default 3600 s)")
     parser.add_argument("--skip-freshness", action="store_true", help="skip the freshness phase")
+    parser.add_argument("--skip-alone", action="store_true",
+                        help="skip the search and cache servers alone, fed by the bench without Spark")
     parser.add_argument("--skip-rebuild", action="store_true",
                         help="skip `cdc search rebuild` after each search apply run")
     parser.add_argument("--fresh-rate", type=int, default=1000, help="offered transactions/s (default 1000)")
@@ -1169,7 +1403,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def self_results(bench: SinksBench) -> bool:
-    return bool(bench.capture or bench.runs or bench.fresh)
+    return bool(bench.capture or bench.runs or bench.fresh or bench.alone)
 
 
 if __name__ == "__main__":
