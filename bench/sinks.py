@@ -686,16 +686,16 @@ class SinksBench(Bench):
         each topic partition's in offset order), read with confluent-kafka and parsed here."""
         from confluent_kafka import Consumer, TopicPartition
 
-        ends = TopicAdmin(TopicConfig(bootstrap_servers=self.servers))
+        admin = TopicAdmin(TopicConfig(bootstrap_servers=self.servers))
         try:
-            partitions = ends.end_offsets(self.topics)
+            ends = admin.end_offsets(self.topics)
         finally:
-            ends.close()
+            admin.close()
         consumer = Consumer({"bootstrap.servers": self.servers, "group.id": f"bench-alone-{os.getpid()}",
                              "enable.auto.commit": False, "log_level": 4})
         rows: list[tuple[Any, ...]] = []
         try:
-            consumer.assign([TopicPartition(t, p, 0) for t, ends_of in partitions.items() for p in ends_of])
+            consumer.assign([TopicPartition(t, p, 0) for t, partitions in ends.items() for p in partitions])
             deadline = time.monotonic() + 600
             while len(rows) < self.records:
                 if time.monotonic() > deadline:
@@ -1128,7 +1128,6 @@ class SinksBench(Bench):
         for f in self.fresh.values():
             out.append(f"- streaming sink ({f.store}): `{f.command}`")
         return "\n".join(out)
-
 
     def alone_report(self, ceilings: dict[int, SparkRun]) -> list[str]:
         """The stores' own work apart from Spark's reading (the search and cache servers alone,

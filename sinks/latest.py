@@ -6,7 +6,9 @@ Spark's Kafka source reads each topic partition into one Spark partition, in off
 partitions one after the other. So a key's changes of a batch meet in one Spark partition,
 in offset order, which is the key's position order: one pass in arrival order folds each
 key's changes into its last one, with no sort (sorting a large batch's partitions made the
-JVM spill and run out of heap, measured at 1,000,000 records a batch). An unchanged
+JVM spill and run out of heap, measured at 1,000,000 records a batch). The executor's
+Python holds a partition's last change per key until it has read the partition, as the
+sort held the rows before its first one. An unchanged
 TOASTed value takes the batch's newest value of its column; what the batch lacks the
 store fills from the row it holds.
 """
