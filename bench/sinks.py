@@ -402,7 +402,6 @@ class SearchBench(StoreBench):
         uses), the executors' writer, then the refresh the job makes after each batch."""
         from cdc.config import load as load_config
         from sinks.search import PartitionWriter, SearchStore
-        from sinks.search_shapes import alias_name
 
         store = SearchStore(None, load_config(str(config_path)).search, PREFIX)  # type: ignore[arg-type]
         store.start(resumed=False)
@@ -414,7 +413,7 @@ class SearchBench(StoreBench):
             rejected = list(PartitionWriter(store.settings, registry)(iter(rows)))
             if rejected:
                 raise BenchError(f"OpenSearch rejected {len(rejected):,} documents, the first: {rejected[0]}")
-            client.ok("POST", "/" + ",".join(alias_name(t) for t in topics) + "/_refresh")
+            store.refresh(client, topics)
         finally:
             client.close()
 
@@ -686,6 +685,8 @@ class SinksBench(Bench):
         each topic partition's in offset order), read with confluent-kafka and parsed here."""
         from confluent_kafka import Consumer, TopicPartition
 
+        from compaction.table import payload_of
+
         admin = TopicAdmin(TopicConfig(bootstrap_servers=self.servers))
         try:
             ends = admin.end_offsets(self.topics)
@@ -703,8 +704,7 @@ class SinksBench(Bench):
                 for msg in consumer.consume(10_000, 1.0):
                     if msg.error() is not None:
                         raise BenchError(f"reading the backlog: {msg.error()}")
-                    env = orjson.loads(msg.value())
-                    env = env.get("payload", env)  # schemas on or off
+                    env = payload_of(msg.value())
                     lsn, seq = (int(x) for x in orjson.loads(env["source"]["sequence"]))
                     after = orjson.dumps(env["after"]).decode() if env["after"] is not None else None
                     rows.append((msg.topic(), msg.key().decode(), env["op"], lsn, seq, msg.partition(), msg.offset(),
@@ -713,17 +713,10 @@ class SinksBench(Bench):
             consumer.close()
         return rows
 
-    def run_alone(self, rows: list[tuple[Any, ...]], store: StoreBench) -> None:
+    def run_alone(self, rows: list[tuple[Any, ...]], registry: Any, store: StoreBench) -> None:
         """The store's server alone: the backlog's last change per key written by the sink's
         executor code (sinks.<store>.PartitionWriter) from the bench, into a new store."""
-        from sinks.topics import SchemaFeed
-
         config = self.config(f"alone-{store.name}", store)
-        feed = SchemaFeed(TopicConfig(bootstrap_servers=self.servers, prefix=PREFIX))
-        try:
-            registry = feed.refresh()
-        finally:
-            feed.close()
         result = self.alone[store.name] = Alone(store.name, len({(r[0], r[1]) for r in rows}))
         self.log(f"{store.name} server alone: writing the last change of {result.keys:,} keys from the bench")
         window = CpuWindow({"server": store.server_pid}).start()
@@ -983,9 +976,16 @@ class SinksBench(Bench):
         self.run_capture()
         alone = [store for store in self.stores if store.served and not self.args.skip_alone]
         if alone:
+            from sinks.topics import SchemaFeed
+
+            feed = SchemaFeed(TopicConfig(bootstrap_servers=self.servers, prefix=PREFIX))
+            try:
+                registry = feed.refresh()
+            finally:
+                feed.close()
             rows = self.backlog_rows()
             for store in alone:
-                self.run_alone(rows, store)
+                self.run_alone(rows, registry, store)
             del rows
         for max_offsets in self.args.max_offsets:
             self.run_ceiling(max_offsets)
@@ -1141,7 +1141,7 @@ class SinksBench(Bench):
         cores = os.cpu_count() or 1
 
         def room(store_cpu_s: float | None) -> str:
-            if read is None or not read.cpu_s or not read.rate or store_cpu_s is None:
+            if read is None or store_cpu_s is None:
                 return "-"
             return f"{cores / (read.cpu_s / read.records + store_cpu_s / self.records) / read.rate:.2f}"
 

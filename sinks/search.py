@@ -599,7 +599,7 @@ class SearchStore:
         if self.settings.refresh == "batch" and topics and not self.settings.rebuild:  # searchable at the commit
             client = self._client()
             try:
-                client.ok("POST", "/" + ",".join(_path(alias_name(t)) for t in topics) + "/_refresh")
+                self.refresh(client, topics)
             finally:
                 client.close()
         if not rejected:
@@ -609,6 +609,11 @@ class SearchStore:
         )
         return (batch.rows.join(reasons, ["_cdc_topic", "_cdc_partition", "_cdc_offset"])
                 .withColumn("_cdc_error", F.col("_reason")).drop("_reason"))
+
+    @staticmethod
+    def refresh(client: Client, topics: list[str]) -> None:
+        """Make what was written to the tables' indexes searchable."""
+        client.ok("POST", "/" + ",".join(_path(alias_name(t)) for t in topics) + "/_refresh")
 
     def _truncate(self, client: Client, topic: str, lsn: int) -> None:
         """Delete every document of the table below the truncate's commit LSN, with markers
