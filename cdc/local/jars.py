@@ -185,6 +185,20 @@ def spark_jars() -> list[Path]:
     return [jar for jar in bundle_jars("spark") if _artifact(jar) not in shipped]
 
 
+def bake_spark_jars() -> list[Path]:
+    """Fetch the `spark` bundle into the cache and delete the jars Spark never gets.
+
+    For an image (docker/Dockerfile): the cache folder then holds only `spark_jars()`,
+    still marked complete, so a container finds them with ``$CDC_JAR_CACHE`` and never
+    runs Maven.
+    """
+    keep = set(spark_jars())
+    for jar in bundle_jars("spark"):
+        if jar not in keep:
+            jar.unlink()
+    return sorted(keep)
+
+
 def distribution_home(name: str) -> Path:
     """The unpacked home folder of distribution `name` (a zip or a tar.gz, fetched and
     unpacked on first use)."""
