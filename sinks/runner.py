@@ -188,7 +188,15 @@ def code_archive(folder: str) -> Path:
     return archive
 
 
-_LAUNCHER = '''"""spark-submit's entry point: the `cdc` command, as the cluster job's driver."""
+DRIVER_PID_ENV = "CDC_SUBMITTED_DRIVER_PID_FILE"
+
+_LAUNCHER = f'''"""spark-submit's entry point: the `cdc` command, as the cluster job's driver."""
+import os
+
+if os.environ.get("{DRIVER_PID_ENV}"):  # where run_submitted sends SIGTERM/SIGINT
+    with open(os.environ["{DRIVER_PID_ENV}"], "w") as pid_file:
+        pid_file.write(str(os.getpid()))
+
 from cdc.cli import main
 
 main()
@@ -231,7 +239,17 @@ def run_submitted(config: Config, store_name: str, command: list[str], config_pa
     with tempfile.TemporaryDirectory(prefix="cdc-submit-") as workdir:
         argv = submit(config, command, config_path, workdir)
         log.info("submitting to %s: %s", config.spark.master, " ".join(argv[:1] + argv[-6:]))
-        child = subprocess.Popen(argv, env=submit_environment())
+        pid_file = Path(workdir) / "driver.pid"
+        child = subprocess.Popen(argv, env={**submit_environment(), DRIVER_PID_ENV: str(pid_file)})
+
+        def forward(signum: int, _frame: object) -> None:
+            """To the Python driver, which lets its running batch finish and exits; spark-submit's
+            JVM would die at once (status 143), the batch with it. Before the driver runs: the JVM."""
+            try:
+                os.kill(int(pid_file.read_text()), signum)
+            except (OSError, ValueError):
+                child.send_signal(signum)
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+            signal.signal(sig, forward)
         return child.wait()
