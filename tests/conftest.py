@@ -44,9 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tiers by fixture use, so a new test lands in the right one without a marker:
-    integration if it needs a server (slow tests always do), unit otherwise."""
+    integration if it needs a server (slow and container tests always do), unit otherwise."""
     for item in items:
-        if item.get_closest_marker("integration") or item.get_closest_marker("slow"):
+        if any(item.get_closest_marker(m) for m in ("integration", "slow", "containers")):
             item.add_marker(pytest.mark.integration)
         elif SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
