@@ -17,7 +17,7 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    topics' high watermarks (the sink phases must see exactly these).
    Then the search and cache servers alone (unless --skip-alone): the bench reads the
    backlog with confluent-kafka and hands it to the sink's own executor code
-   (sinks.<store>.PartitionWriter: the last change per key, then the job's writes) in
+   (sinks.rows.PartitionWriter with the store's writer: the last change per key, then the job's writes) in
    its own process, with no Spark, into a new store; the server's CPU is a floor under
    its share of any apply run, and with the read ceiling's CPU per record it bounds the
    apply ratio these cores have room for.
@@ -27,7 +27,7 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    SparkContext per process). Timed from the query's start to its end; the session (JVM)
    start is reported apart.
 3. Apply, per store (--stores: delta, search, cache): the sink
-   job (sinks.job.run with the store of sinks.runner.make_store: what `cdc sink <store>
+   job (sinks.runner.keep_running with the store of sinks.stores.build: what `cdc sink <store>
    --once` runs) with a fresh checkpoint and a fresh store, in a child process, timed the
    same way; then the store is checked (Delta: current/changes/history row counts; cache:
    the rows under the topics' keys; search: the documents counted through the aliases).
@@ -321,11 +321,12 @@ class CacheBench(StoreBench):
 
     def write_alone(self, config_path: Path, rows: list[tuple[Any, ...]], registry: Any) -> None:
         from cdc.config import load as load_config
-        from sinks.cache import CacheStore, PartitionWriter
+        from sinks.cache import CacheStore
+        from sinks.rows import PartitionWriter
 
         store = CacheStore(load_config(str(config_path)).cache, PREFIX)
-        store.start(resumed=False)
-        PartitionWriter(store.settings)(iter(rows))
+        store.open(resumed=False)
+        list(PartitionWriter(store.writer(registry), {})(iter(rows)))
 
     def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
         import redis
@@ -375,16 +376,15 @@ class SearchBench(StoreBench):
         self.run_dirs: set[Path] = set()
 
     def sections(self, run_dir: Path) -> dict[str, dict[str, Any]]:
-        from cdc.config import SearchConfig
         from cdc.local.opensearch import LocalOpenSearch
-        from sinks.search import Settings
+        from sinks.opensearch import Endpoint
         from sinks.search_shapes import alias_name
 
         if self.node is None:
             self.node = LocalOpenSearch(run_dir.parent / "opensearch").start()
         if run_dir not in self.run_dirs:  # a new run: a new store (the freshness phase reuses the last)
             self.run_dirs.add(run_dir)
-            client = Settings.of(SearchConfig(url=self.node.url)).client()
+            client = Endpoint(self.node.url).client()
             for row in client.ok("GET", f"/_cat/indices/{alias_name(PREFIX)}*?format=json&expand_wildcards=all"):
                 client.ok("DELETE", f"/{row['index']}")
         return {"search": {"url": self.node.url, "replicas": 0}}
@@ -398,31 +398,27 @@ class SearchBench(StoreBench):
         return self.node.pid if self.node is not None else None
 
     def write_alone(self, config_path: Path, rows: list[tuple[Any, ...]], registry: Any) -> None:
-        """The job's indexes (sinks.search.SearchStore, whose Spark session only apply_changes
-        uses), the executors' writer, then the refresh the job makes after each batch."""
+        """The job's indexes (sinks.search.SearchStore), the executors' writer, then the refresh
+        the job makes after each batch."""
         from cdc.config import load as load_config
-        from sinks.search import PartitionWriter, SearchStore
+        from sinks.rows import PartitionWriter
+        from sinks.search import SearchStore
 
-        store = SearchStore(None, load_config(str(config_path)).search, PREFIX)  # type: ignore[arg-type]
-        store.start(resumed=False)
-        client = store.settings.client()
-        try:
-            topics = sorted({row[0] for row in rows})
-            for topic in topics:
-                store.ensure_index(client, topic, registry.versions(topic)[-1])
-            rejected = list(PartitionWriter(store.settings, registry)(iter(rows)))
-            if rejected:
-                raise BenchError(f"OpenSearch rejected {len(rejected):,} documents, the first: {rejected[0]}")
-            store.refresh(client, topics)
-        finally:
-            client.close()
+        store = SearchStore(load_config(str(config_path)).search, PREFIX)
+        store.open(resumed=False)
+        topics = sorted({row[0] for row in rows})
+        store.prepare(topics, registry)
+        rejected = list(PartitionWriter(store.writer(registry), {})(iter(rows)))
+        if rejected:
+            raise BenchError(f"OpenSearch rejected {len(rejected):,} documents, the first: {rejected[0]}")
+        store.after_batch(topics)
 
     @staticmethod
     def _client(config_path: str) -> Any:
         from cdc.config import load as load_config
-        from sinks.search import Settings
+        from sinks.opensearch import Endpoint
 
-        return Settings.of(load_config(config_path).search).client()
+        return Endpoint.of(load_config(config_path).search).client()
 
     def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
         from sinks.search_shapes import alias_name
@@ -715,7 +711,7 @@ class SinksBench(Bench):
 
     def run_alone(self, rows: list[tuple[Any, ...]], registry: Any, store: StoreBench) -> None:
         """The store's server alone: the backlog's last change per key written by the sink's
-        executor code (sinks.<store>.PartitionWriter) from the bench, into a new store."""
+        executor code (sinks.rows.PartitionWriter) from the bench, into a new store."""
         config = self.config(f"alone-{store.name}", store)
         result = self.alone[store.name] = Alone(store.name, len({(r[0], r[1]) for r in rows}))
         self.log(f"{store.name} server alone: writing the last change of {result.keys:,} keys from the bench")
@@ -1105,7 +1101,7 @@ class SinksBench(Bench):
             ) + ".")
             out.append("")
         out.append(
-            "seconds = the query's start to its end (apply: sinks.job.run with the available-now trigger, so what "
+            "seconds = the query's start to its end (apply: sinks.runner.keep_running with the available-now trigger, so what "
             "`cdc sink <store> --once` does after its session started); session start = the SparkSession (JVM) start "
             "before it, not counted; rows/s = table records in the topics / seconds (the read ceiling also reads the "
             "daemon's heartbeat records). Spark CPU = the child's process group (Python driver + JVM) over the query. "
@@ -1168,7 +1164,7 @@ class SinksBench(Bench):
             )
         out += ["", (
             "Server alone: the bench reads the backlog with confluent-kafka and hands it to the sink's own executor "
-            "code (`sinks.<store>.PartitionWriter`: the last change per key, then the writes the job makes), in one "
+            "code (`sinks.rows.PartitionWriter`: the last change per key, then the writes the job makes), in one "
             "process, into a new store; store CPU = the server's process group. Delta's writes: the apply child's "
             "CPU (Spark's) from each batch's first Delta write to its last (the job has decoded and stored the "
             f"batch's rows by then). Room = {cores} cores / (Spark's CPU per record in the read ceiling"
@@ -1232,39 +1228,38 @@ def emit(event: str, **fields: Any) -> None:
     print(CHILD_MARK + json.dumps({"event": event, **fields}), flush=True)
 
 
-class StoreCpu:
-    """The Delta store, measured: the child's CPU (its process group: the driver and the
-    JVM) and time from a batch's first store write to the store's `done`. The job has
-    decoded and stored the batch's rows by then, so this is the writes alone."""
+def measured_delta(spark: Any, config: Any) -> Any:
+    """The Delta store, measured: the child's CPU (its process group: the driver and the JVM)
+    and time from a batch's first store write to the bookkeeping written after its writes.
+    The job has decoded and stored the batch's rows by then, so this is the writes alone."""
+    from sinks.delta import DeltaStore
 
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.seconds = self.cpu_s = 0.0
-        self._from: tuple[float, float] | None = None
-        self._lock = threading.Lock()
+    class StoreCpu(DeltaStore):
+        seconds = cpu_s = 0.0
+        _from: tuple[float, float] | None = None
+        _measure = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
+        @staticmethod
+        def _now() -> tuple[float, float]:
+            return time.monotonic(), group_cpu_seconds(os.getpgid(0)) or 0.0
 
-    @staticmethod
-    def _now() -> tuple[float, float]:
-        return time.monotonic(), group_cpu_seconds(os.getpgid(0)) or 0.0
+        def steps(self) -> tuple[Callable[[Any], None], ...]:
+            def measured(step: Callable[[Any], None]) -> Callable[[Any], None]:
+                def write(batch: Any) -> None:
+                    with self._measure:
+                        if self._from is None:
+                            self._from = self._now()
+                    step(batch)
+                return write
+            return tuple(measured(step) for step in super().steps())
 
-    def steps(self) -> tuple[Callable[[Any], None], ...]:
-        def measured(step: Callable[[Any], None]) -> Callable[[Any], None]:
-            def write(batch: Any) -> None:
-                with self._lock:
-                    if self._from is None:
-                        self._from = self._now()
-                step(batch)
-            return write
-        return tuple(measured(step) for step in self.store.steps())
+        def save(self, record: dict[str, Any]) -> None:
+            if self._from is not None:
+                (t0, c0), (t1, c1) = self._from, self._now()
+                self.seconds, self.cpu_s, self._from = self.seconds + t1 - t0, self.cpu_s + c1 - c0, None
+            super().save(record)
 
-    def done(self) -> None:
-        if self._from is not None:
-            (t0, c0), (t1, c1) = self._from, self._now()
-            self.seconds, self.cpu_s, self._from = self.seconds + t1 - t0, self.cpu_s + c1 - c0, None
-        self.store.done()
+    return StoreCpu(spark, config.delta.path)
 
 
 def child_main(argv: list[str]) -> int:
@@ -1278,13 +1273,13 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--driver-memory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for name in ("sinks.delta", "sinks.job"):
+    for name in ("sinks.delta", "sinks.pipeline"):
         logging.getLogger(name).setLevel(logging.DEBUG)  # seconds per table kind and batch
     try:
         from cdc.config import load as load_config
-        from sinks import topics
-        from sinks.job import ensure_topics, run
-        from sinks.runner import checkpoint, make_store
+        from sinks import stores, topics
+        from sinks.query import ensure_topics
+        from sinks.runner import checkpoint, keep_running
         from sinks.spark import build_session
 
         config = load_config(args.config)
@@ -1321,8 +1316,8 @@ def child_main(argv: list[str]) -> int:
             if started.exception() is not None:
                 raise RuntimeError(str(started.exception()))
         elif args.phase == "rebuild":
-            from sinks.job import StopSignal
-            from sinks.runner import rebuild_search_here
+            from sinks.query import StopSignal
+            from sinks.rebuild import rebuild_search_here
 
             emit("query_start")
             t1 = time.monotonic()
@@ -1331,11 +1326,11 @@ def child_main(argv: list[str]) -> int:
             return 0
         else:
             store_name = args.store
-            store = make_store(store_name, spark, config)
-            measured = StoreCpu(store) if store_name == "delta" else None
+            measured = measured_delta(spark, config) if store_name == "delta" else None
+            store = measured or stores.build(store_name, spark, config)
             emit("query_start")
             t1 = time.monotonic()
-            progress = run(spark, config, measured or store, checkpoint(config, store_name), True)
+            progress = keep_running(spark, config, store, True, lambda: False)
             seconds = time.monotonic() - t1
             emit("query_end", seconds=seconds, batches=progress.batches, read=None,
                  store_s=measured and measured.seconds, store_cpu=measured and measured.cpu_s)
@@ -1395,6 +1390,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_child"]:
         return child_main(argv[1:])
+    try:
+        import confluent_kafka  # noqa: F401 (the daemon's producer here, and the bench's reader)
+    except ImportError:
+        print("error: bench/sinks.py needs confluent-kafka (the daemon's producer and the bench's reader): "
+              "pip install -e '.[sinks,confluent]'", file=sys.stderr)
+        return 2
     bench = SinksBench(parse_args(argv))
     if not drive(bench, lambda: bool(self_results(bench))):
         return 130

@@ -227,7 +227,18 @@ def show_config(config: Config, table: bool) -> None:
     click.echo(settings_markdown() if table else redact(json.dumps(as_dict(config), indent=2, ensure_ascii=False)))
 
 
-@main.command()
+def _sink_help() -> str:
+    from sinks.stores import STORES
+
+    stores = ", ".join(f"`{r.name}` ({r.what})" for r in STORES.values())
+    return f"""Run a Spark sink job that keeps STORE equal to the source tables: {stores}.
+
+    With [spark] master = local[N] the job runs in this process; with spark://host:port
+    it is submitted to that cluster. It streams until SIGTERM/SIGINT, which let the
+    running micro-batch finish; offsets live in [spark] checkpoint_dir/<STORE>."""
+
+
+@main.command(help=_sink_help())
 @click.argument("store", metavar="STORE")
 @click.option("--once", is_flag=True, help="Apply what the topics hold now, then exit 0 (Spark's available-now trigger).")
 @click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
@@ -235,21 +246,18 @@ def show_config(config: Config, table: bool) -> None:
               help="Print the spark-submit line for [spark] master (its code archive and launcher go to ./); run nothing.")
 @_with_config
 def sink(config: Config, store: str, once: bool, in_driver: bool, print_submit: bool) -> None:
-    """Run a Spark sink job: STORE is `delta` (the warehouse under [delta] path), `search`
-    (OpenSearch at [search] url) or `cache` (Redis at [cache] url).
-
-    With [spark] master = local[N] the job runs in this process; with spark://host:port
-    it is submitted to that cluster. It streams until SIGTERM/SIGINT, which let the
-    running micro-batch finish; offsets live in [spark] checkpoint_dir/<STORE>."""
     import shlex
 
     from cdc.source.replication import format_lsn
-    from sinks.job import SinkStopped, StopSignal, TypeConflict
-    from sinks.runner import check_store, run_here, run_submitted, submit
+    from sinks.batch import TypeConflict
+    from sinks.query import StopSignal
+    from sinks.runner import run_here, run_submitted, submit
+    from sinks.store import SinkStopped
+    from sinks.stores import check
 
     command = ["sink", store, *(["--once"] if once else [])]
     if print_submit:
-        check_store(config, store)
+        check(store, config)
         config_path = click.get_current_context().params.get("config_path")
         click.echo(shlex.join(submit(config, command, config_path, ".")))
         return
@@ -315,8 +323,11 @@ def rebuild(config: Config, in_driver: bool) -> None:
     the aliases in one step and drop the old indexes: readers never see an index missing
     or half full. Adopts new mappings (a column whose type changed). A running
     `cdc sink search` may go on; on [spark] master = spark://... it runs on the cluster."""
-    from sinks.job import SinkStopped, StopSignal, TypeConflict
-    from sinks.runner import rebuild_search_here, run_submitted
+    from sinks.batch import TypeConflict
+    from sinks.query import StopSignal
+    from sinks.rebuild import rebuild_search_here
+    from sinks.runner import run_submitted
+    from sinks.store import SinkStopped
 
     if config.spark.master.startswith("spark://") and not in_driver:
         config_path = click.get_current_context().params.get("config_path")
@@ -335,12 +346,12 @@ def _warehouse(config: Config, conf: dict[str, str] | None = None) -> Any:
     from contextlib import contextmanager
 
     from sinks.delta import DeltaStore
-    from sinks.runner import check_store
     from sinks.spark import build_session
+    from sinks.stores import check
 
     @contextmanager
     def session() -> Any:
-        check_store(config, "delta")
+        check("delta", config)
         spark = build_session("cdc-delta-maintenance", master="local[2]", conf=conf)
         try:
             yield DeltaStore(spark, config.delta.path)

@@ -1,10 +1,9 @@
-"""One micro-batch of one table, decoded for the stores.
+"""One micro-batch of one table, decoded for a store of typed columns (sinks.store.TableStore).
 
 The rules every store shares (DESIGN.md, derived stores): events are decoded with the
 table version in force at their commit LSN; per key, offset order is position order, so
 the last change of a key is its highest offset; a tombstone deletes its key; a truncate
-deletes every older row of its table. Stores of typed columns get a TableBatch (typed
-rows, never JSON); stores of the events' JSON get a ChangeBatch (every table at once).
+deletes every older row of its table, also one read in a later batch than the truncate.
 """
 
 from __future__ import annotations
@@ -16,7 +15,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType, DataType, StringType
 
 from sinks.envelope import CHANGE_COLUMNS
-from sinks.shapes import Registry, Version, decode, spark_type, unavailable
+from sinks.spark_types import decode, spark_type, unavailable
+from sinks.store import Truncate
+from sinks.versions import Registry, Version
 
 UNAVAILABLE = "_cdc_unavailable"  # columns whose value the event did not carry (unchanged TOAST)
 _TOASTABLE = (StringType, BinaryType, ArrayType)
@@ -40,48 +41,20 @@ class TableBatch:
     #: every good change row of the table (CHANGE_COLUMNS, typed source columns and UNAVAILABLE),
     #: tombstones and truncates included; source columns are null for d, t and tombstones
     rows: DataFrame
-    #: the last change of each key (no truncates), with `_cdc_delete` for d and tombstones; a
-    #: tombstone's position is that of the key's d in the batch, or null when the d is not in it
+    #: the last change of each key above the table's newest truncate (no truncate events),
+    #: with `_cdc_delete` for d and tombstones; a tombstone's position is that of the key's d
+    #: in the batch, or null when the d is not in it
     latest: DataFrame
     #: the batch's truncates of this table, (commit LSN, change LSN, commit time in ms), in order
-    truncates: list[tuple[int, int, int]]
+    truncates: list[Truncate]
+    #: the table's truncates the job knows: its newest from earlier batches, then the batch's
+    known: list[Truncate]
     #: partition -> highest offset of this table's records in the batch (bad ones included)
     offsets: dict[int, int]
 
     @property
     def display(self) -> str:
         return f"{self.schema}.{self.table}"
-
-    @property
-    def truncate(self) -> tuple[int, int] | None:
-        """The last truncate's position: every row below it is gone."""
-        return self.truncates[-1][:2] if self.truncates else None
-
-
-@dataclass
-class ChangeBatch:
-    """What a store of the events' JSON needs of one micro-batch: every table at once."""
-
-    #: the good change rows of the batch's tables (CHANGE_COLUMNS), truncate events included
-    rows: DataFrame
-    #: topic -> its truncates in the batch, (commit LSN, change LSN, commit time in ms), in
-    #: order; every table of the batch is a key
-    truncates: dict[str, list[tuple[int, int, int]]]
-    #: the table versions (stores of the events' JSON need them for a mapping, not to decode)
-    registry: Registry
-
-    @property
-    def topics(self) -> list[str]:
-        return sorted(self.truncates)
-
-    def changes(self) -> DataFrame:
-        """The rows without truncate events and without rows an own-table truncate of the
-        batch cut off (tombstones without a position stay: deleting is safe)."""
-        rows = self.rows.where(F.col("_cdc_op").isNull() | (F.col("_cdc_op") != "t"))
-        for topic, cuts in self.truncates.items():
-            if cuts:
-                rows = rows.where((F.col("_cdc_topic") != topic) | _after(cuts[-1][:2]))
-        return rows
 
 
 def merged_columns(versions: list[Version]) -> dict[str, DataType]:
@@ -199,10 +172,14 @@ def table_batch(
     rows: DataFrame,
     version: Version,
     columns: dict[str, DataType],
-    truncates: list[tuple[int, int, int]],
+    truncates: list[Truncate],
     offsets: dict[int, int],
+    earlier: Truncate | None = None,
 ) -> TableBatch:
-    """`version`: the newest version of the batch (names the table and its key)."""
-    latest = after_truncate(last_per_key(rows, columns), truncates[-1][:2] if truncates else None)
+    """`version`: the newest version of the batch (names the table and its key); `earlier`:
+    the table's newest truncate from earlier batches."""
+    known = sorted({*truncates, *([earlier] if earlier else [])})
+    latest = after_truncate(last_per_key(rows, columns), known[-1][:2] if known else None)
     keys = [c.name for c in version.columns if c.key]
-    return TableBatch(version.topic, version.schema, version.table, columns, keys, rows, latest, truncates, offsets)
+    return TableBatch(version.topic, version.schema, version.table, columns, keys, rows, latest, truncates, known,
+                      offsets)

@@ -1,17 +1,19 @@
 """The Redis cache: `GET <topic>:<key JSON>` is the row (the event's `after`) or nothing.
 
-Written from the executors, one pipeline per Spark partition, every key through one Lua
-script (loaded once, then EVALSHA) that applies a change only over a lower position:
+Written from the executors (sinks.rows), one pipeline per chunk of last changes, every key
+through one Lua script (loaded once, then EVALSHA) that applies a change only over a lower
+position:
 - the row: a string at `<topic>:<key JSON>`, compact JSON in column order;
 - its position: a hash at `__cdc:<topic>:<key JSON>` (`pos` = commit LSN and change LSN
   as 32 hex digits, `part`/`off` = the record's partition and offset, `del` on a delete
   marker). A delete keeps the hash for `[cache] marker_ttl_s`, so a replay of an older
   upsert cannot bring the row back;
 - the keys of a table: a set at `__cdc:<topic>:keys`, which a truncate walks (no scan of
-  the keyspace) to delete every row older than the truncate, leaving markers.
+  the keyspace) to find the rows below it.
 Both keys of a row hash to one Redis Cluster slot: a key JSON is an object, and Cluster
 hashes the text between its first `{` and `}` (the same in both names). The set is
-another key, written beside the scripts in the same round trip (one SADD per table and chunk).
+another key, written beside the scripts in the same round trip (one SADD per table and
+chunk). The job's bookkeeping is a string at `__cdc:<prefix>:sink:<job>`.
 """
 
 from __future__ import annotations
@@ -22,32 +24,34 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
-from pyspark.sql import Row
+from pyspark.sql import SparkSession
 
-from cdc.config import CacheConfig
+from cdc.config import CacheConfig, Config
 from cdc.redact import display_url
-from sinks.batch import ChangeBatch
-from sinks.latest import COLUMNS, Change, last_changes, position
+from sinks.latest import Change
+from sinks.rows import Rejected, RowStore, RowWriter
+from sinks.store import StoreUnavailable
+from sinks.topics import is_table_topic
+from sinks.versions import Registry
 
 log = logging.getLogger(__name__)
 
 PIPELINE_KEYS = 1000  # keys per pipeline round trip
 META = "__cdc:"
 
-# KEYS: row, meta. ARGV: kind (u: upsert, d: delete, t: truncate), position ('' when unknown:
-# a tombstone whose d was compacted away), partition, offset, row JSON, row TTL ms, marker TTL ms.
+# KEYS: row, meta. ARGV: kind (u: upsert, d: delete), position ('' when unknown: a tombstone
+# whose d was compacted away), partition, offset, row JSON, row TTL ms, marker TTL ms.
 # A change applies over a lower position; without two positions, over a lower offset of the
-# same partition; a truncate only over a row it finds with a lower position. 1 if applied.
+# same partition. 1 if applied.
 GUARD = """
 local kind, pos, part, off = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local m = redis.call('HMGET', KEYS[2], 'pos', 'part', 'off', 'del')
 local newer
-if kind == 't' then
-  newer = m[1] and m[1] ~= '' and m[1] < pos and not m[4]
-elseif not m[1] and not m[2] then
+if not m[1] and not m[2] then
   newer = true
 elseif pos ~= '' and m[1] and m[1] ~= '' then
   newer = pos > m[1]
@@ -79,15 +83,12 @@ redis.call('DEL', KEYS[1])
 if pos == '' then
   pos = m[1] or ''
 end
-if kind == 't' then
-  redis.call('HSET', KEYS[2], 'pos', pos, 'del', '1')
-else
-  redis.call('HSET', KEYS[2], 'pos', pos, 'part', part, 'off', ARGV[4], 'del', '1')
-end
+redis.call('HSET', KEYS[2], 'pos', pos, 'part', part, 'off', ARGV[4], 'del', '1')
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
 return 1
 """
 GUARD_SHA = hashlib.sha1(GUARD.encode()).hexdigest().encode()
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -103,6 +104,10 @@ class Settings:
     def of(cls, config: CacheConfig) -> Settings:
         return cls(config.url, config.password, config.tls_cafile, config.marker_ttl_s * 1000,
                    config.row_ttl_s * 1000)
+
+    @property
+    def where(self) -> str:
+        return f"Redis at {display_url(self.url)}"
 
     def client(self, retries: int = 6) -> Any:
         """A client that retries a lost connection with backoff (then the batch fails and
@@ -129,21 +134,22 @@ def check_reachable(config: CacheConfig) -> None:
 
     from cdc.config import ConfigError
 
+    where = Settings.of(config).where
     try:
         Settings.of(config).client(retries=0).ping()
     except redis.AuthenticationError:
-        raise ConfigError(
-            f"Redis at {display_url(config.url)} refused the password: fix [cache] password (or the URL's)"
-        ) from None
+        raise ConfigError(f"{where} refused the password: fix [cache] password (or the URL's)") from None
     except redis.RedisError as exc:  # its text goes out through the CLI's redaction, like every error
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(
-            f"cannot reach Redis at {display_url(config.url)} ({first}): start it, or fix [cache] url"
-        ) from None
+        raise ConfigError(f"cannot reach {where} ({first}): start it, or fix [cache] url") from None
 
 
 def row_key(topic: str, key: str) -> str:
     return f"{topic}:{key}"
+
+
+def keys_set(topic: str) -> str:
+    return f"{META}{topic}:keys"
 
 
 def _command(*parts: bytes) -> bytes:
@@ -153,7 +159,7 @@ def _command(*parts: bytes) -> bytes:
 
 
 def guarded(key: str, kind: str, pos: str, partition: int, offset: int, row: bytes, row_ttl_ms: int,
-             marker_ttl_ms: int) -> bytes:
+            marker_ttl_ms: int) -> bytes:
     """One call of GUARD on the row `key` (`<topic>:<key JSON>`) and its position hash."""
     name = key.encode()
     return _command(
@@ -177,39 +183,41 @@ def round_trip(client: Any, commands: list[bytes], attempts: int = 6) -> list[An
         except redis.exceptions.NoScriptError:
             conn.disconnect()  # the other replies are left unread
             client.script_load(GUARD)
-        except (redis.ConnectionError, redis.TimeoutError):
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
             conn.disconnect()
             if attempt == attempts - 1:
-                raise
+                raise StoreUnavailable(f"Redis did not answer through {attempts} attempts: {exc}") from None
             time.sleep(min(10.0, 0.5 * 2**attempt))
         except BaseException:
             conn.disconnect()
             raise
         finally:
             pool.release(conn)
-    raise RuntimeError(f"Redis kept losing the guard script over {attempts} attempts")
+    raise StoreUnavailable(f"Redis kept losing the guard script over {attempts} attempts")
 
 
-class PartitionWriter:
-    """Writes one Spark partition's changes (runs on an executor)."""
+class CacheWriter(RowWriter):
+    """Writes last changes through GUARD (runs on the executors, and on the driver for a truncate)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self._client: Any = None
 
-    def __call__(self, rows: Iterator[Row]) -> None:
-        changes = last_changes(rows)
-        first = next(changes, None)
-        if first is None:  # most partitions of a batch hold other tables' records, or none
-            return
-        changes = itertools.chain([first], changes)
-        client = self.settings.client()
-        try:
-            client.script_load(GUARD)
-            while chunk := list(itertools.islice(changes, PIPELINE_KEYS)):
-                self._fill_toasted(client, chunk)
-                round_trip(client, self._commands(chunk))
-        finally:
-            client.close()
+    def open(self) -> None:
+        self._client = self.settings.client()
+        self._client.script_load(GUARD)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def held(self, topic: str, keys: list[str], columns: set[str]) -> list[dict[str, Any] | None]:
+        return [orjson.loads(raw) if raw else None for raw in self._client.mget([row_key(topic, k) for k in keys])]
+
+    def write(self, chunk: list[tuple[str, Change]]) -> list[Rejected]:  # Redis takes any row
+        round_trip(self._client, self._commands(chunk))
+        return []
 
     def _commands(self, chunk: list[tuple[str, Change]]) -> list[bytes]:
         """The chunk's script calls, then one SADD per table of the keys it upserts."""
@@ -221,72 +229,87 @@ class PartitionWriter:
                 upserted.setdefault(topic, []).append(change.key.encode())
             value = orjson.dumps(change.row) if change.row is not None else b""
             commands.append(guarded(row_key(topic, change.key), change.kind, change.pos, change.partition,
-                                     change.offset, value, settings.row_ttl_ms, settings.marker_ttl_ms))
+                                    change.offset, value, settings.row_ttl_ms, settings.marker_ttl_ms))
         for topic, keys in upserted.items():
-            commands.append(_command(b"SADD", f"{META}{topic}:keys".encode(), *keys))
+            commands.append(_command(b"SADD", keys_set(topic).encode(), *keys))
         return commands
 
-    @staticmethod
-    def _fill_toasted(client: Any, chunk: list[tuple[str, Change]]) -> None:
-        """Unchanged TOASTed values the batch did not have: the cached row's (null without one)."""
-        toasted = [(t, c) for t, c in chunk if c.missing]
-        if not toasted:
-            return
-        for (_, change), stored in zip(
-            toasted, client.mget([row_key(t, c.key) for t, c in toasted]), strict=True
-        ):
-            held = orjson.loads(stored) if stored else {}
-            assert change.row is not None
-            for name in change.missing:
-                change.row[name] = held.get(name)
+    def positions(self, topic: str) -> Iterator[list[tuple[str, str]]]:
+        """The table's live rows from its key set; keys of deleted rows leave the set on the way."""
+        client, index = self._client, keys_set(topic)
+        members = client.sscan_iter(index, count=PIPELINE_KEYS)
+        while chunk := [m.decode() for m in itertools.islice(members, PIPELINE_KEYS)]:
+            pipe = client.pipeline(transaction=False)
+            for key in chunk:
+                pipe.hmget(META + row_key(topic, key), "pos", "del")
+            live, gone = [], []
+            for key, (pos, deleted) in zip(chunk, pipe.execute(), strict=True):
+                if pos is None or deleted:
+                    gone.append(key)
+                else:
+                    live.append((key, pos.decode()))
+            if gone:
+                client.srem(index, *gone)
+            yield live
 
 
-class CacheStore:
-    """Keeps the cache equal to the source tables, one table of a micro-batch at a time.
+class CacheStore(RowStore):
+    """Keeps the cache equal to the source tables.
 
     Redis may restart without its data (no persistence, a failover to a stale replica): the
-    job counts its batches in `__cdc:<prefix>:sink:cache:batches`, written after each
-    batch's writes and checked before the next one commits. A count that is missing or
-    behind means writes were lost, and the job rebuilds the cache from the topics."""
+    job's bookkeeping (sinks.store), written after each batch's writes and checked before the
+    next one commits, then shows it, and the job rebuilds the cache from the topics."""
 
-    name = "cache"
+    transient = ("redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError",
+                 "redis.exceptions.BusyLoadingError")
 
-    def __init__(self, config: CacheConfig, prefix: str) -> None:
+    def __init__(self, config: CacheConfig, prefix: str, name: str = "cache") -> None:
+        self.name = name
         self.settings = Settings.of(config)
-        self.where = f"Redis at {display_url(config.url)}"
-        self.counter = f"{META}{prefix}:sink:cache:batches"
-        self.batches = 0
+        self.where = self.settings.where
+        self.prefix = prefix
+        self.record_key = f"{META}{prefix}:sink:{name}"
 
-    def start(self, resumed: bool) -> None:
-        from sinks.job import StoreLost
-
+    def open(self, resumed: bool) -> None:
         client = self.settings.client()
         try:
-            held = client.get(self.counter)
-            if held is None and resumed:
-                raise StoreLost(f"{self.where} holds no trace of the batches this job committed")
-            if held is None:
-                client.set(self.counter, 0)
-            self.batches = int(held or 0)
             self._check_policy(client)
         finally:
             client.close()
 
-    def done(self) -> None:
-        from sinks.job import StoreLost
-
+    def load(self) -> dict[str, Any] | None:
         client = self.settings.client()
         try:
-            held = client.get(self.counter)
-            if held is None or int(held) != self.batches:
-                count = "no count" if held is None else f"a count of {int(held)}"
-                raise StoreLost(
-                    f"{self.where} lost writes: it holds {count} of this job's batches, which wrote {self.batches}"
-                )
-            self.batches += 1
-            client.set(self.counter, self.batches)
+            raw = client.get(self.record_key)
         finally:
             client.close()
+        return None if raw is None else orjson.loads(raw)
+
+    def save(self, record: dict[str, Any]) -> None:
+        client = self.settings.client()
+        try:
+            client.set(self.record_key, orjson.dumps(record))
+        finally:
+            client.close()
+
+    def clear(self) -> None:
+        """Every row, position and key set of the prefix's tables, and the bookkeeping."""
+        client = self.settings.client()
+        removed = 0
+        try:
+            for pattern in (f"{self.prefix}.*", f"{META}{self.prefix}.*"):
+                found = client.scan_iter(match=pattern, count=PIPELINE_KEYS)
+                while chunk := list(itertools.islice(found, PIPELINE_KEYS)):
+                    ours = [k for k in chunk if is_table_topic(self.prefix, _topic_of(k.decode()))]
+                    if ours:
+                        removed += client.delete(*ours)
+            client.delete(self.record_key)
+        finally:
+            client.close()
+        log.info("%s: cleared %d keys of %s", self.where, removed, self.prefix)
+
+    def writer(self, registry: Registry) -> CacheWriter:
+        return CacheWriter(self.settings)
 
     def _check_policy(self, client: Any) -> None:
         """An evicting Redis drops rows, and delete markers whose loss lets a replay bring a
@@ -303,26 +326,33 @@ class CacheStore:
                 "noeviction for a cache that must equal the source", self.where, policy,
             )
 
-    def apply_changes(self, batch: ChangeBatch) -> None:  # Redis takes any row: nothing to reject
-        for topic, truncates in batch.truncates.items():
-            for lsn, seq, _ in truncates:
-                self._truncate(topic, position(lsn, seq))
-        # a key's changes meet in one Spark partition, in offset order (sinks.latest)
-        batch.changes().select(*COLUMNS).foreachPartition(PartitionWriter(self.settings))
 
-    def _truncate(self, topic: str, pos: str) -> None:
-        """Delete every row of the table older than `pos`, walking its key set (on the driver:
-        truncates are rare and the set is the table's keys, not the keyspace)."""
-        client = self.settings.client()
-        index = f"{META}{topic}:keys"
-        try:
-            client.script_load(GUARD)
-            members = client.sscan_iter(index, count=PIPELINE_KEYS)
-            while chunk := [m.decode() for m in itertools.islice(members, PIPELINE_KEYS)]:
-                commands = [guarded(row_key(topic, key), "t", pos, 0, 0, b"", 0, self.settings.marker_ttl_ms)
-                            for key in chunk]
-                done = [key for key, applied in zip(chunk, round_trip(client, commands), strict=True) if applied]
-                if done:
-                    client.srem(index, *done)
-        finally:
-            client.close()
+def _topic_of(key: str) -> str:
+    """The topic of a row, position or key-set name of the cache."""
+    return key.removeprefix(META).split(":", 1)[0]
+
+
+def check(config: Config) -> None:
+    check_reachable(config.cache)
+
+
+def build(spark: SparkSession, config: Config) -> CacheStore:
+    return CacheStore(config.cache, config.topic.prefix)
+
+
+def local(workdir: Path) -> tuple[Any, dict[str, str]]:
+    """A throwaway Redis (the demo's), and the settings that point the job at it."""
+    from cdc.local.redis import LocalRedis
+
+    server = LocalRedis(workdir / "redis").start()
+    return server, {"CDC_CACHE_URL": server.url}
+
+
+def show(config: Config, topics: list[str]) -> list[str]:
+    """What `GET` readers find for the tables' rows, a line each."""
+    client = Settings.of(config.cache).client()
+    try:
+        return [f"GET '{key.decode()}' -> {client.get(key).decode()}"
+                for topic in topics for key in sorted(client.scan_iter(match=f"{topic}:*"))]
+    finally:
+        client.close()

@@ -10,15 +10,20 @@ checkpoint is deleted and the topics are replayed:
   deleted checkpoint restarts batch ids at 0, and Delta would skip those versions;
 - ending `history` versions is offset-guarded, so a retried batch ends nothing twice; one
   MERGE ends the old versions and inserts the new ones, so they commit together.
-Tables use column mapping (any PostgreSQL column name works) and type widening.
+Tables use column mapping (any PostgreSQL column name works) and type widening. The job's
+bookkeeping (sinks.store) is `<root>/_cdc/<job>.json`.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
+import orjson
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -41,9 +46,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sinks import history
+from cdc.config import Config, ConfigError
+from sinks import hadoop, history
 from sinks.batch import UNAVAILABLE, TableBatch, TypeConflict
 from sinks.envelope import CHANGE_COLUMNS
+from sinks.store import TableStore, Truncate
 
 log = logging.getLogger(__name__)
 
@@ -121,24 +128,58 @@ def _above(watermarks: dict[int, int]) -> Column:
     return cond
 
 
-class DeltaStore:
+class DeltaStore(TableStore):
     """Writes every table of a micro-batch to the warehouse under `root`."""
 
-    name = "delta"
+    #: Delta's optimistic concurrency lost a race (another writer committed first), and a block
+    #: of the batch's stored source went missing (a known Spark pitfall): both pass on a retry
+    transient = ("io.delta.exceptions.Concurrent", "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND")
 
-    def __init__(self, spark: SparkSession, root: str) -> None:
+    def __init__(self, spark: SparkSession, root: str, name: str = "delta") -> None:
+        self.name = name
         self.spark = spark
         self.root = root
+        self.where = f"the Delta warehouse at {root}"
+        self.record = f"{root.rstrip('/')}/_cdc/{name}.json"
+        # per table path: steps of different tables run in parallel threads, so each entry is
+        # its own table's; the lock keeps the dictionaries themselves whole
+        self._lock = threading.Lock()
         self._watermarks: dict[str, dict[int, int]] = {}  # table path -> partition -> offset
         self._schemas: dict[str, dict[str, DataType]] = {}  # table path -> its columns, as last seen
         self._commits: dict[str, int] = {}  # table path -> this job's writes to it
+
+    # -- bookkeeping -----------------------------------------------------------------
+    def load(self) -> dict[str, Any] | None:
+        raw = hadoop.read_bytes(self.spark, self.record)
+        return None if raw is None else orjson.loads(raw)
+
+    def save(self, record: dict[str, Any]) -> None:
+        hadoop.write_bytes(self.spark, self.record, orjson.dumps(record))
+
+    def clear(self) -> None:
+        """`current/`, which the topics rebuild; `changes/` and `history/` keep what they hold
+        (superseded versions the compacted topics no longer have), and their offset
+        watermarks skip what they already have."""
+        hadoop.delete(self.spark, f"{self.root.rstrip('/')}/current")
+        hadoop.delete(self.spark, self.record)
+        with self._lock:
+            for path in [p for p in self._schemas if "/current/" in p]:
+                del self._schemas[path]
+        log.info("%s: current/ cleared", self.where)
+
+    def truncate(self, topic: str, truncate: Truncate) -> None:
+        path = table_path(self.root, "current", topic)
+        if DeltaTable.isDeltaTable(self.spark, path):
+            lsn, seq, _ = truncate
+            DeltaTable.forPath(self.spark, path).delete(f"_cdc_lsn < {lsn} OR (_cdc_lsn = {lsn} AND _cdc_seq < {seq})")
 
     # -- tables ----------------------------------------------------------------------
     def _table(self, path: str, columns: dict[str, DataType], meta: StructType, what: str) -> DeltaTable:
         """The Delta table at `path` with at least `columns` + `meta`: created, or evolved
         (new columns added, types widened); a change it cannot take raises TypeConflict."""
         spark = self.spark
-        known = self._schemas.get(path)
+        with self._lock:
+            known = self._schemas.get(path)
         if known is not None and all(known.get(n) == t for n, t in columns.items()):
             return DeltaTable.forPath(spark, path)
         if not DeltaTable.isDeltaTable(spark, path):
@@ -148,7 +189,7 @@ class DeltaStore:
                 builder = builder.property(key, value)
             builder.execute()
             table = DeltaTable.forPath(spark, path)
-            self._schemas[path] = {f.name: f.dataType for f in table.toDF().schema.fields}
+            self._remember(path, table)
             return table
         table = DeltaTable.forPath(spark, path)
         existing = {f.name: f.dataType for f in table.toDF().schema.fields}
@@ -177,8 +218,13 @@ class DeltaStore:
             added.append((name, new))
         if added:
             table = DeltaTable.forPath(spark, path)  # a new schema needs a new handle
-        self._schemas[path] = {f.name: f.dataType for f in table.toDF().schema.fields}
+        self._remember(path, table)
         return table
+
+    def _remember(self, path: str, table: DeltaTable) -> None:
+        columns = {f.name: f.dataType for f in table.toDF().schema.fields}
+        with self._lock:
+            self._schemas[path] = columns
 
     def _set_properties(self, path: str, properties: dict[str, str]) -> None:
         listed = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in properties.items())
@@ -186,27 +232,25 @@ class DeltaStore:
 
     def _watermark(self, path: str) -> dict[int, int]:
         """Per partition, the highest offset the table holds (read once, then kept)."""
-        found = self._watermarks.get(path)
+        with self._lock:
+            found = self._watermarks.get(path)
         if found is None:
             found = {}
             if DeltaTable.isDeltaTable(self.spark, path):
                 rows = self.spark.read.format("delta").load(path).groupBy("_cdc_partition").agg(F.max("_cdc_offset"))
                 found = {int(p): int(o) for p, o in rows.collect() if p is not None}
-            self._watermarks[path] = found
-        return found
+            with self._lock:
+                self._watermarks[path] = found
+        return dict(found)
 
     def _advance(self, path: str, offsets: dict[int, int]) -> None:
         marks = self._watermark(path)
         for partition, offset in offsets.items():
             marks[partition] = max(marks.get(partition, -1), offset)
+        with self._lock:
+            self._watermarks[path] = marks
 
     # -- writes ----------------------------------------------------------------------
-    def start(self, resumed: bool) -> None:
-        """Nothing to check: Delta's commits are durable once made."""
-
-    def done(self) -> None:
-        """Nothing to check (see `start`)."""
-
     def steps(self) -> tuple[Callable[[TableBatch], None], ...]:
         """`current` first (every table's schema changes before it): readers of the current
         state wait for nothing else; then the append-only `changes` and `history`."""
@@ -232,7 +276,8 @@ class DeltaStore:
     def _compact_now_and_then(self, path: str) -> None:
         """Bin-pack the table's small files every COMPACT_EVERY writes (after the write: a
         crash in between leaves a table that is only less compact)."""
-        done = self._commits[path] = self._commits.get(path, 0) + 1
+        with self._lock:
+            done = self._commits[path] = self._commits.get(path, 0) + 1
         if done % COMPACT_EVERY == 0:
             started = time.monotonic()
             removed, added = self._compact(path)
@@ -253,9 +298,6 @@ class DeltaStore:
     def _current(self, batch: TableBatch) -> None:
         path = table_path(self.root, "current", batch.topic)
         table = self._table(path, batch.columns, _CURRENT_META, batch.display)
-        if batch.truncate is not None:
-            lsn, seq = batch.truncate
-            table.delete(f"_cdc_lsn < {lsn} OR (_cdc_lsn = {lsn} AND _cdc_seq < {seq})")
         toasted = {n for n, t in batch.columns.items() if isinstance(t, (StringType, BinaryType, ArrayType))}
         values: dict[str, str | Column] = {
             q(n): (f"CASE WHEN array_contains(s.{UNAVAILABLE}, {_sql_string(n)}) THEN t.{q(n)} ELSE s.{q(n)} END"
@@ -280,14 +322,14 @@ class DeltaStore:
         new versions (those with a null `_merge_key`, which match nothing)."""
         path = table_path(self.root, "history", batch.topic)
         table = self._table(path, batch.columns, _HISTORY_META, batch.display)
-        new = history.versions(batch.rows, batch.columns, batch.truncates).where(_above(self._watermark(path)))
+        new = history.versions(batch.rows, batch.columns, batch.known).where(_above(self._watermark(path)))
         source = history.first_changes(batch.rows).withColumn("_merge_key", F.col("_cdc_key")).unionByName(
             new.withColumn("_merge_key", F.lit(None).cast(_TEXT)), allowMissingColumns=True
         )
         (
             table.alias("t")
             .merge(source.alias("s"), "t._cdc_key = s._merge_key AND t._cdc_is_current AND t._cdc_offset < s._cdc_offset")
-            .whenMatchedUpdate(set=_ended(batch.truncates))
+            .whenMatchedUpdate(set=_ended(batch.known))
             .whenNotMatchedInsert(
                 condition="s._merge_key IS NULL",
                 values={q(n): f"s.{q(n)}" for n in [*batch.columns, *_HISTORY_META.fieldNames()]},
@@ -346,7 +388,8 @@ class DeltaStore:
         history.versions(rows, batch.columns, batch.truncates).write.format("delta").mode("overwrite").option(
             "overwriteSchema", "false"
         ).save(path)
-        self._watermarks.pop(path, None)
+        with self._lock:
+            self._watermarks.pop(path, None)
 
 
 def _ended(truncates: list[tuple[int, int, int]]) -> dict[str, str | Column]:
@@ -375,3 +418,43 @@ def _ended(truncates: list[tuple[int, int, int]]) -> dict[str, str | Column]:
 
 def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def check(config: Config) -> None:
+    if not config.delta.path:
+        raise ConfigError("[delta] path is not set: set it (or CDC_DELTA_PATH) to the warehouse folder or URI")
+
+
+def build(spark: SparkSession, config: Config) -> DeltaStore:
+    return DeltaStore(spark, config.delta.path)
+
+
+def local(workdir: Path) -> tuple[Any, dict[str, str]]:
+    """No server: a warehouse folder (the demo's)."""
+    return None, {"CDC_DELTA_PATH": str(workdir / "warehouse")}
+
+
+# delta-rs in a child: a process that read a table with it can abort at exit (ENVIRONMENT.md)
+_READ_CURRENT = """
+import json, os, sys
+from deltalake import DeltaTable
+rows = sorted(DeltaTable(sys.argv[1]).to_pyarrow_table().to_pylist(), key=lambda r: r["_cdc_key"])
+keep = lambda r: {k: v for k, v in r.items() if not k.startswith("_cdc_") or k in ("_cdc_op", "_cdc_lsn")}
+sys.stdout.write(json.dumps([keep(r) for r in rows], default=str))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def show(config: Config, topics: list[str]) -> list[str]:
+    """Each table's `current/` as a reader without Spark finds it (delta-rs), a line each."""
+    import subprocess
+    import sys
+
+    lines = []
+    for topic in topics:
+        path = table_path(config.delta.path, "current", topic)
+        read = subprocess.run([sys.executable, "-c", _READ_CURRENT, path], capture_output=True, text=True)
+        where = path.removeprefix(config.delta.path.rstrip("/") + "/")
+        lines.append(f"{where} (read with delta-rs): {read.stdout.strip() or read.stderr.strip()[-500:]}")
+    return lines

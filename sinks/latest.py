@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from sinks.shapes import UNAVAILABLE_FORMS
+from sinks.versions import UNAVAILABLE_FORMS
 
 #: what the fold reads of a change row (sinks.envelope.CHANGE_COLUMNS)
 COLUMNS = (
@@ -29,7 +29,7 @@ COLUMNS = (
     "after",
 )
 
-# the unchanged-TOAST forms as values of the parsed `after` (sinks.shapes has them as JSON text)
+# the unchanged-TOAST forms as values of the parsed `after` (sinks.versions has them as JSON text)
 _PLACEHOLDERS = tuple(orjson.loads(text) if text.startswith(("[", "{")) else text for text in UNAVAILABLE_FORMS)
 
 
@@ -74,11 +74,26 @@ def _unavailable(value: Any) -> bool:
     return isinstance(value, (list, dict)) and value in _OTHER_PLACEHOLDERS
 
 
+class OutOfOrder(Exception):
+    """A Spark partition whose records of a topic partition are not in offset order: the fold
+    would keep an older change of a key."""
+
+
 def last_changes(rows: Iterable[Sequence[Any]]) -> Iterator[tuple[str, Change]]:
-    """Rows (COLUMNS, in that order), each key's in offset order -> (topic, the last change
-    of each key), in the order the keys first came. A tombstone keeps its d's position."""
+    """Rows (COLUMNS, in that order), each topic partition's in offset order -> (topic, the
+    last change of each key), in the order the keys first came. A tombstone keeps its d's
+    position. Rows out of offset order raise OutOfOrder: the fold relies on that order."""
     changes: dict[tuple[str, str], Change] = {}
+    offsets: dict[tuple[str, int], int] = {}
     for topic, raw, op, lsn, seq, partition, offset, tombstone, after in rows:
+        before = offsets.get((topic, partition), -1)
+        if offset <= before:
+            raise OutOfOrder(
+                f"records of {topic} partition {partition} reached a writer out of offset order ({offset} after "
+                f"{before}): each Kafka partition must reach one Spark partition in order (do not set the Kafka "
+                "source's minPartitions, nor repartition the batch)"
+            )
+        offsets[(topic, partition)] = offset
         last = changes.get((topic, raw))
         key = last.key if last is not None else canonical_key(raw)
         if tombstone:

@@ -1,12 +1,16 @@
-"""`cdc delta rebuild-history`: history/ again from changes/, the complete change log.
+"""Rebuilds: a store filled again beside the one readers use, then switched.
 
-A compacted topic has lost superseded versions, so history/ is only as complete as the
-topic was when the job first read it; changes/ keeps every event the job ever read, and
-the same version rules (sinks.history) turn it into history/ again.
+- `cdc search rebuild`: every table's index again from the topics, in the next generation
+  behind hidden aliases, then the readers' aliases swapped in one step;
+- `cdc delta rebuild-history`: history/ again from changes/, the complete change log. A
+  compacted topic has lost superseded versions, so history/ is only as complete as the
+  topic was when the job first read it; changes/ keeps every event the job ever read, and
+  the same version rules (sinks.history) turn it into history/ again.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from pyspark.sql import functions as F
@@ -14,7 +18,50 @@ from pyspark.sql import functions as F
 from cdc.config import Config
 from sinks.batch import decode_table, table_batch
 from sinks.delta import DeltaStore
-from sinks.topics import SchemaFeed
+from sinks.query import StopSignal, drop_checkpoint, ensure_topics
+from sinks.runner import check, checkpoint, keep_running
+from sinks.search import SearchStore
+from sinks.spark import build_session
+from sinks.store import SinkStopped
+from sinks.topics import ProgressLog, SchemaFeed
+
+REBUILD_PASSES = 6  # a search rebuild's passes before its swap, at most
+CAUGHT_UP_S = 10.0  # a pass this short: the new indexes are close enough behind to swap
+
+
+def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, list[str], str, int]]:
+    """`cdc search rebuild`: every table's index again from the topics, beside the current
+    one, then the aliases swapped; (alias, old indexes, new index, documents) per table.
+
+    Readers and a running search job keep the current indexes until the swap. Passes to
+    the topics' end follow each other until one is short, so that the new indexes are
+    seconds behind the current ones when the aliases move. The job's writes to the old
+    indexes that the rebuild had not read yet are in the topics before the swap, so one
+    more pass after it brings them over (position-guarded like every write)."""
+    check(config, "search")
+    ensure_topics(config)
+    spark = build_session("cdc-search-rebuild", master=config.spark.master)
+    stop.install()
+    store = SearchStore(config.search, config.topic.prefix, rebuild=True)
+    try:
+        for _ in range(REBUILD_PASSES):  # again until a pass finds little: what came while the last one ran
+            started = time.monotonic()
+            keep_running(spark, config, store, True, stop)
+            if stop() or time.monotonic() - started < CAUGHT_UP_S:
+                break
+        if stop():
+            raise SinkStopped("the rebuild stopped before its swap; the current indexes are untouched: run "
+                              "`cdc search rebuild` again to go on from where it stopped")
+        moved = store.swap()
+        keep_running(spark, config, store, True, lambda: False)  # after the swap it finishes
+        moved += store.swap()  # tables first seen in that pass
+        store.finish()
+        drop_checkpoint(spark, checkpoint(config, store.name))
+        ProgressLog(config.topic, store.name).forget()
+        counts = store.documents([alias for alias, _, _ in moved])
+        return [(alias, old, new, counts[alias]) for alias, old, new in moved]
+    finally:
+        spark.stop()
 
 
 def rebuild_history(store: DeltaStore, config: Config) -> Iterator[tuple[str, int]]:

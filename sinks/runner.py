@@ -1,9 +1,11 @@
 """`cdc sink <store>`: run a job here (`local[N]`), or submit it to a standalone cluster.
 
-Here: the driver is this process, with a retry loop around the query (a failed batch,
-e.g. a store that is down, is read again from the checkpoint after a backoff). On a
-cluster: the same command runs as the spark-submit application, in client mode, with
-the jars and the project's code (`--py-files`) for the executors.
+Here: the driver is this process, with a retry loop around the query: a batch that failed
+for a reason a retry may cure (the store or the broker unreachable, a lost race) is read
+again from the checkpoint after a backoff; a store that lost writes is cleared and filled
+again from the earliest offsets; anything else stops the job. On a cluster: the same
+command runs as the spark-submit application, in client mode, with the jars and the
+project's code (`--py-files`) for the executors.
 """
 
 from __future__ import annotations
@@ -21,60 +23,39 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from cdc.config import Config, ConfigError
-from sinks.job import (
-    Progress,
-    SinkStopped,
-    StopSignal,
-    Store,
-    StoreLost,
-    TypeConflict,
-    drop_checkpoint,
-    ensure_topics,
-    run,
-)
+from cdc.kafka.topics import TopicError
+from sinks import stores
+from sinks.batch import TypeConflict
+from sinks.pipeline import Progress, SinkJob, UnknownVersion
+from sinks.query import StopSignal, drop_checkpoint, ensure_topics, run
 from sinks.spark import build_session, spark_environment, submit_command
-from sinks.topics import ProgressLog
+from sinks.store import SinkStopped, Store, StoreLost, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-STORES = ("delta", "search", "cache")
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cdc", "compaction", "sinks")  # what a sink job imports (never the capture side's C extension)
 ONCE_ATTEMPTS = 3
 REBUILDS = 3  # in a row, within one run: a store that keeps losing writes stops the job
-REBUILD_PASSES = 6  # a search rebuild's passes before its swap, at most
-CAUGHT_UP_S = 10.0  # a pass this short: the new indexes are close enough behind to swap
+FIRST_DELAY_S, LAST_DELAY_S = 1.0, 60.0
+#: what a retry may cure, however it reaches the driver (a Python exception of the batch
+#: function, or the text of one an executor or the JVM raised): the broker unreachable or
+#: slow, a block of a batch's stored rows gone (a known Spark pitfall)
+TRANSIENT = (
+    "sinks.store.StoreUnavailable", "sinks.opensearch.SearchUnavailable", "org.apache.kafka.common.errors.",
+    "kafka.errors.", "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND",
+)
+TRANSIENT_TYPES = (StoreUnavailable, UnknownVersion, TopicError, TimeoutError, ConnectionError)
 
 
 def checkpoint(config: Config, store: str) -> str:
     return os.path.join(config.spark.checkpoint_dir, store)
 
 
-def check_store(config: Config, store: str) -> None:
-    """The settings a store needs, before any Spark starts."""
-    if store not in STORES:
-        raise ConfigError(f"unknown sink {store!r}: use one of {', '.join(STORES)}")
-    if store == "delta" and not config.delta.path:
-        raise ConfigError("[delta] path is not set: set it (or CDC_DELTA_PATH) to the warehouse folder or URI")
-
-
 def check(config: Config, store: str) -> None:
     """Everything a job needs that can be checked before Spark starts: settings, the store,
     the master."""
-    check_store(config, store)
-    if store == "cache":
-        from sinks.cache import check_reachable
-
-        check_reachable(config.cache)
-    if store == "search":
-        from sinks.search import check_reachable as check_search
-        from sinks.search_shapes import alias_name
-
-        try:
-            alias_name(config.topic.prefix)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        check_search(config.search)
+    stores.check(store, config)
     master = config.spark.master
     if master.startswith("spark://"):
         host, _, port = master.removeprefix("spark://").rpartition(":")
@@ -86,20 +67,6 @@ def check(config: Config, store: str) -> None:
             ) from None
 
 
-def make_store(name: str, spark: SparkSession, config: Config) -> Store:
-    if name == "cache":
-        from sinks.cache import CacheStore
-
-        return CacheStore(config.cache, config.topic.prefix)
-    if name == "search":
-        from sinks.search import SearchStore
-
-        return SearchStore(spark, config.search, config.topic.prefix)
-    from sinks.delta import DeltaStore
-
-    return DeltaStore(spark, config.delta.path)
-
-
 def run_here(config: Config, store_name: str, once: bool, stop: StopSignal) -> Progress:
     """Run the job in this process until drained (`once`) or stopped; permanent errors raise."""
     check(config, store_name)
@@ -107,75 +74,68 @@ def run_here(config: Config, store_name: str, once: bool, stop: StopSignal) -> P
     spark = build_session(f"cdc-sink-{store_name}", master=config.spark.master)
     stop.install()
     try:
-        return _keep_running(spark, config, make_store(store_name, spark, config), once, stop)
+        return keep_running(spark, config, stores.build(store_name, spark, config), once, stop)
     finally:
         spark.stop()
 
 
-def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, list[str], str, int]]:
-    """`cdc search rebuild`: every table's index again from the topics, beside the current
-    one, then the aliases swapped; (alias, old indexes, new index, documents) per table.
-
-    Readers and a running search job keep the current indexes until the swap. Passes to
-    the topics' end follow each other until one is short, so that the new indexes are
-    seconds behind the current ones when the aliases move. The job's writes to the old
-    indexes that the rebuild had not read yet are in the topics before the swap, so one
-    more pass after it brings them over (position-guarded like every write)."""
-    from sinks.search import SearchStore
-
-    check(config, "search")
-    ensure_topics(config)
-    spark = build_session("cdc-search-rebuild", master=config.spark.master)
-    stop.install()
-    store = SearchStore(spark, config.search, config.topic.prefix, rebuild=True)
-    try:
-        for _ in range(REBUILD_PASSES):  # again until a pass finds little: what came while the last one ran
-            started = time.monotonic()
-            _keep_running(spark, config, store, True, stop)
-            if stop() or time.monotonic() - started < CAUGHT_UP_S:
-                break
-        if stop():
-            raise SinkStopped("the rebuild stopped before its swap; the current indexes are untouched: run "
-                              "`cdc search rebuild` again to go on from where it stopped")
-        moved = store.swap()
-        _keep_running(spark, config, store, True, lambda: False)  # after the swap it finishes
-        moved += store.swap()  # tables first seen in that pass
-        store.finish()
-        drop_checkpoint(spark, checkpoint(config, store.name))
-        ProgressLog(config.topic, store.name).forget()
-        counts = store.documents([alias for alias, _, _ in moved])
-        return [(alias, old, new, counts[alias]) for alias, old, new in moved]
-    finally:
-        spark.stop()
+def transient(exc: BaseException, store: Store) -> bool:
+    """Whether a retry may cure what failed a batch (the store's own client errors included)."""
+    if isinstance(exc, TRANSIENT_TYPES):
+        return True
+    names = [f"{kind.__module__}.{kind.__qualname__}" for kind in type(exc).__mro__]
+    text = str(exc)
+    return any(marker in text or any(name.startswith(marker) for name in names)
+               for marker in (*TRANSIENT, *store.transient))
 
 
-def _keep_running(
+def keep_running(
     spark: SparkSession, config: Config, store: Store, once: bool, stop: Callable[[], bool]
 ) -> Progress:
-    """The job's query, again from the checkpoint after a failed batch (with a backoff),
-    from the earliest offsets after a store lost writes."""
-    delay, attempts, rebuilds = 1.0, 0, 0
-    while True:
-        attempts += 1
-        try:
-            return run(spark, config, store, checkpoint(config, store.name), once, stop)
-        except (SinkStopped, TypeConflict):
-            raise
-        except StoreLost as exc:  # a replay from the earliest offsets rebuilds it
-            rebuilds += 1
-            if rebuilds > REBUILDS:
-                raise SinkStopped(f"the {store.name} sink rebuilt its store {REBUILDS} times and it lost writes "
-                                  f"again: {exc}") from None
-            log.warning("sink %s: %s; rebuilding it from the topics (earliest offsets)", store.name, exc)
-            drop_checkpoint(spark, checkpoint(config, store.name))
-            attempts = 0
-        except Exception as exc:  # the store or Kafka failed a batch: read it again
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if stop() or (once and attempts >= ONCE_ATTEMPTS):
-                raise SinkStopped(f"the {store.name} sink failed {attempts} times, last: {first}") from None
-            log.warning("sink %s: batch failed (%s); again from the checkpoint in %.0f s", store.name, first, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 60.0)
+    """The job's query, again from the checkpoint after a batch failed for a reason a retry
+    may cure (with a backoff that starts over after a good batch); cleared and from the
+    earliest offsets after the store lost writes; any other failure stops the job with its
+    traceback in the log."""
+    job = SinkJob(spark, config, store, stop)
+    delay, attempts, rebuilds = FIRST_DELAY_S, 0, 0
+    try:
+        while True:
+            attempts += 1
+            batches = job.progress.batches
+            try:
+                return run(spark, config, job, checkpoint(config, store.name), once, stop)
+            except (SinkStopped, TypeConflict):
+                raise
+            except StoreLost as exc:  # a replay from the earliest offsets into a cleared store rebuilds it
+                rebuilds += 1
+                if rebuilds > REBUILDS:
+                    raise SinkStopped(f"the {store.name} sink rebuilt its store {REBUILDS} times and it lost writes "
+                                      f"again: {exc}") from None
+                log.warning("sink %s: %s; rebuilding it from the topics (earliest offsets) into a cleared store",
+                            store.name, exc)
+                store.clear()
+                drop_checkpoint(spark, checkpoint(config, store.name))
+                job.forget()
+                attempts = 0
+            except Exception as exc:
+                first = _first_line(exc)
+                if not transient(exc, store):
+                    log.error("sink %s: a batch failed for a reason a retry cannot cure", store.name, exc_info=exc)
+                    raise SinkStopped(f"the {store.name} sink stopped: {first} (its log has the traceback)") from None
+                if job.progress.batches > batches:  # it got going again: the next failure starts a new count
+                    delay, attempts = FIRST_DELAY_S, 1
+                if stop() or (once and attempts >= ONCE_ATTEMPTS):
+                    raise SinkStopped(f"the {store.name} sink failed {attempts} times, last: {first}") from None
+                log.warning("sink %s: batch failed (%s); again from the checkpoint in %.0f s", store.name, first, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, LAST_DELAY_S)
+    finally:
+        job.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def code_archive(folder: str) -> Path:

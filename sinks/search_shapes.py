@@ -1,6 +1,6 @@
 """What a table looks like in the search index: its alias, its mapping, its documents.
 
-Pure functions of the table versions (sinks.shapes), shared by the driver (index names and
+Pure functions of the table versions (sinks.versions), shared by the driver (index names and
 mappings) and the executors (documents). The README's search type table is this module.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from sinks.shapes import Registry, Version
+from sinks.versions import Registry, Version
 
 #: dates and timestamps: ISO text, or epoch ms beyond years 1-9999 (infinities included);
 #: a value OpenSearch cannot read (timestamptz `infinity`) stays in `_source`, unindexed
@@ -96,10 +96,18 @@ def _field(connect: dict[str, Any], pg_type: str, flat: str, in_array: bool = Fa
     return TEXT
 
 
+#: each document's position (sinks.latest.position): stored and searchable, never in `_source`
+POSITION = "_cdc_pos"
+_POSITION_FIELD = {"type": "keyword", "store": True}
+
+
 def mapping(version: Version, flat: str = "flat_object") -> dict[str, Any]:
     """The index mapping of a table version: strict, so a field no version declared is a
-    rejection, never a guessed type. `flat`: OpenSearch's flat_object, Elasticsearch's flattened."""
-    return {"dynamic": "strict", "properties": {c.name: _field(c.connect, c.type, flat) for c in version.columns}}
+    rejection, never a guessed type. `flat`: OpenSearch's flat_object, Elasticsearch's flattened.
+    Beside the columns, the document's position, out of `_source` (readers see the row)."""
+    fields = {c.name: _field(c.connect, c.type, flat) for c in version.columns}
+    return {"dynamic": "strict", "_source": {"excludes": [POSITION]},
+            "properties": {**fields, POSITION: _POSITION_FIELD}}
 
 
 # --------------------------------------------------------------------------- documents
@@ -166,8 +174,10 @@ class Documents:
             self._plans[(topic, version.from_lsn)] = plan
         return plan
 
-    def source(self, topic: str, lsn: int, row: dict[str, Any]) -> dict[str, Any]:
+    def source(self, topic: str, lsn: int, row: dict[str, Any], position: str) -> dict[str, Any]:
+        """The document of a row written at `position` (its commit LSN `lsn`)."""
         for name, convert in self._plan(topic, lsn).items():
             if row.get(name) is not None:
                 row[name] = convert(row[name])
+        row[POSITION] = position
         return row

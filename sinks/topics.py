@@ -22,7 +22,7 @@ from cdc.config import TopicConfig
 from cdc.kafka.security import security_settings
 from compaction.progress import SINKS_SUFFIX as PROGRESS
 from compaction.progress import read_progress
-from sinks.shapes import Registry, Version
+from sinks.versions import Registry, Version
 
 SCHEMAS = "__cdc_schemas"
 HEARTBEAT = "__cdc_heartbeat"

@@ -125,6 +125,19 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSpa
         yield cluster
 
 
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A local Spark session with the sinks' settings (sinks.spark), one per test module."""
+    from sinks.spark import build_session
+
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")  # not the checkout, Spark's default
+    session = build_session("cdc-tests", conf={"spark.sql.warehouse.dir": str(warehouse)})
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
     """The session's Redis, started by the first test that asks for it."""

@@ -348,7 +348,7 @@ class Sink:
 
     def batches(self) -> int:
         """The micro-batches the job's log reports so far."""
-        return self.log.read_text().count("INFO sinks.job: batch ") if self.log.exists() else 0
+        return self.log.read_text().count("INFO sinks.pipeline: batch ") if self.log.exists() else 0
 
     def next_batch(self, what: str = "a batch") -> None:
         """Wait until the streaming job completes one more micro-batch."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -1081,3 +1082,18 @@ def test_tls_streams_and_an_untrusted_certificate_says_so(db, tmp_path):
         assert daemon.stop() == 0
         records = list(read_topic(TopicConfig(**tls, ssl_cafile=str(kafka.ca_file)), topic_name("tt", "public", "t")))
         assert [(r.key, payload_of(r.value)["after"]) for r in records] == [(b'{"id":7}', {"id": 7})]
+
+
+def test_the_sinks_bench_names_the_extra_it_needs(tmp_path):
+    """`pip install -e '.[sinks]'` has no confluent-kafka: the bench says which extra brings it."""
+    blocked = (
+        "import runpy, sys; sys.modules['confluent_kafka'] = None; sys.path.insert(0, 'bench'); "
+        "sys.argv = ['bench/sinks.py']; runpy.run_path('bench/sinks.py', run_name='__main__')"
+    )
+    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: bench/sinks.py needs confluent-kafka (the daemon's producer and the bench's reader): "
+        "pip install -e '.[sinks,confluent]'"
+    )

@@ -19,8 +19,9 @@ from cdc.local.redis import LocalRedis
 from cdc.redact import display_url
 from compaction.reader import read_topic
 from compaction.table import build
-from sinks.cache import PartitionWriter, Settings, guarded, round_trip
+from sinks.cache import CacheWriter, Settings, guarded, round_trip
 from sinks.latest import COLUMNS, canonical_key, last_changes, position
+from sinks.rows import PartitionWriter
 from tests.support import (
     Sink,
     acct_on_a_cluster,
@@ -47,11 +48,11 @@ def _visible(client: redis.Redis, prefix: str) -> dict[str, Any]:
 
 
 def _everything(client: redis.Redis) -> dict[str, Any]:
-    """Every key with its value, positions and markers included (TTLs and the job's batch
+    """Every key with its value, positions and markers included (TTLs and the job's bookkeeping
     count aside)."""
     out: dict[str, Any] = {}
     for key in client.scan_iter(count=1000):
-        if key.endswith(b":sink:cache:batches"):
+        if key.endswith(b":sink:cache"):
             continue
         kind = client.type(key)
         if kind == b"string":
@@ -196,10 +197,11 @@ def test_the_writer_packs_its_own_commands_and_reloads_a_lost_script(redis_serve
                    "_cdc_lsn": 100 + offset, "_cdc_seq": 0, "_cdc_partition": 0, "_cdc_offset": offset,
                    "_cdc_tombstone": op is None, "after": orjson.dumps(after).decode() if after else None}
             out.append(tuple(row[name] for name in COLUMNS))
-        return sorted(out, key=lambda r: (r[1], r[6]))
+        return sorted(out, key=lambda r: r[6])  # a topic partition arrives in offset order
 
-    writer = PartitionWriter(Settings(redis_server.url, "", "", 60_000, 0))
-    writer(iter(rows((1, "c", 1, {"id": 1, "s": "a\r\nb é"}), (2, "c", 2, {"id": 2}), (2, "d", 3, None))))
+    writer = CacheWriter(Settings(redis_server.url, "", "", 60_000, 0))
+    list(PartitionWriter(writer, {})(iter(rows((1, "c", 1, {"id": 1, "s": "a\r\nb é"}), (2, "c", 2, {"id": 2}),
+                                               (2, "d", 3, None)))))
     assert orjson.loads(client.get(f'{topic}:{{"id":1}}')) == {"id": 1, "s": "a\r\nb é"}
     assert client.get(f'{topic}:{{"id":2}}') is None and client.hget(f'__cdc:{topic}:{{"id":2}}', "del") == b"1"
     assert client.smembers(f"__cdc:{topic}:keys") == {b'{"id":1}'}  # the keys a truncate walks: rows held

@@ -8,18 +8,15 @@ session, with delta-rs and with DuckDB, and compares with the source tables.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 from pyspark.sql import SparkSession
 
 from cdc.config import TopicConfig
@@ -120,17 +117,6 @@ def _bits_text(value: Any) -> Any:
         return None
     number = int.from_bytes(bytes(value), "little")
     return format(number, "03b")
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    from sinks.spark import build_session
-
-    os.chdir(tmp_path_factory.mktemp("spark-cwd"))  # Spark drops spark-warehouse/ in the cwd
-    session = build_session("test-sink-delta-reader")
-    yield session
-    session.stop()
-    os.chdir(ROOT)
 
 
 def _config(tmp_path: Path, db: Any, servers: str, prefix: str, **extra: dict) -> Path:

@@ -8,6 +8,7 @@ typed fields, and a replay (also after `index.gc_deletes`) that changes nothing.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ from typing import Any
 from urllib.parse import quote
 
 import orjson
+import pytest
 import urllib3
 from kafka import KafkaProducer
 
@@ -140,7 +142,7 @@ def test_the_index_follows_the_source_and_replays_change_nothing(
         "n": "double", "nu": "double", "m": "double", "t": "text", "vc": "text", "bp": "text", "u": "keyword",
         "j": "flat_object", "d": "date", "tm": "long", "ts": "date", "ts3": "date", "tsz": "date", "iv": "long",
         "by": "binary", "bits": "binary", "bit1": "boolean", "ia": "integer", "ta": "text", "pt": None,
-        "ip": "keyword", "e": "keyword",
+        "ip": "keyword", "e": "keyword", "_cdc_pos": "keyword",  # the position a truncate compares
     }
     # typed search: a date range, full text and its keyword, a flat_object path, a number
     assert _ids(base, wide, {"range": {"ts": {"gte": "2024-01-01", "lt": "2024-02-01"}}}) == ['{"id":1}']
@@ -330,7 +332,7 @@ def test_a_rebuild_stopped_before_its_swap_leaves_the_index_and_goes_on_when_run
     with log.open("w") as out:
         rebuild = subprocess.Popen([sys.executable, "-m", "cdc", "search", "rebuild", "--config", str(config)],
                                    stdout=out, stderr=subprocess.STDOUT, env=env)
-        wait_for(lambda: "sinks.job: batch 1:" in log.read_text(), SINK_TIMEOUT_S, "a rebuild batch")
+        wait_for(lambda: "sinks.pipeline: batch 1:" in log.read_text(), SINK_TIMEOUT_S, "a rebuild batch")
         rebuild.send_signal(signal.SIGTERM)
         assert rebuild.wait(300) == 1
     assert [line for line in log.read_text().splitlines() if line.startswith("error:")] == [
@@ -342,7 +344,7 @@ def test_a_rebuild_stopped_before_its_swap_leaves_the_index_and_goes_on_when_run
     done = cdc("search", "rebuild", "--config", str(config), env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[0] == f"{acct}: {acct}-v1 -> {acct}-v2 ({len(acct_rows(db))} documents)"
-    assert "sinks.job: batch 0:" not in done.stderr  # it went on from its offsets
+    assert "sinks.pipeline: batch 0:" not in done.stderr  # it went on from its offsets
     assert _acct(base, topic_prefix) == acct_rows(db)
     assert daemon.stop() == 0
 
@@ -396,5 +398,60 @@ def test_delete_markers_expire_when_the_job_starts(opensearch: LocalOpenSearch, 
     for key, at in (('{"id":1}', now_ms - 3_600_000), ('{"id":2}', now_ms)):
         _ok(base, "PUT", f"/{markers_name(alias)}/_doc/{quote(key, safe='')}?version=5&version_type=external_gte"
             "&refresh=true", {"at": at})
-    SearchStore(None, SearchConfig(url=base, replicas=0, marker_ttl_s=60), topic_prefix).start(resumed=False)  # type: ignore[arg-type]
+    SearchStore(SearchConfig(url=base, replicas=0, marker_ttl_s=60), topic_prefix).open(resumed=False)
     assert _documents(base, markers_name(alias), source=False) == {'{"id":2}': 5}
+
+
+def test_markers_that_cannot_expire_are_reported_not_counted(
+    opensearch: LocalOpenSearch, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The expiry judges its `_bulk` answer: a markers index that refuses writes keeps its markers
+    and the log says so, instead of counting them expired."""
+    from cdc.config import SearchConfig
+    from sinks.search import SearchStore
+
+    base, alias = opensearch.url, alias_name(f"{topic_prefix}.public.t")
+    _ok(base, "PUT", f"/{markers_name(alias)}", {"settings": {"index": {"hidden": True, "number_of_replicas": 0}}})
+    old = int(time.time() * 1000) - 3_600_000
+    _ok(base, "PUT", f"/{markers_name(alias)}/_doc/1?version=5&version_type=external_gte&refresh=true", {"at": old})
+    _ok(base, "PUT", f"/{markers_name(alias)}/_settings", {"index": {"blocks": {"write": True}}})
+    try:
+        with caplog.at_level(logging.INFO, logger="sinks.search"):
+            SearchStore(SearchConfig(url=base, replicas=0, marker_ttl_s=60), topic_prefix).open(resumed=False)
+    finally:
+        _ok(base, "PUT", f"/{markers_name(alias)}/_settings", {"index": {"blocks": {"write": False}}})
+    assert _documents(base, markers_name(alias), source=False) == {"1": 5}
+    lines = [r.getMessage() for r in caplog.records if "markers" in r.getMessage()]
+    assert len(lines) == 1 and "1 delete markers could not expire" in lines[0] and "cluster_block_exception" in lines[0]
+
+
+def test_a_proxy_page_instead_of_opensearch_is_one_line(tmp_path: Path) -> None:
+    """A URL that answers with HTML (a proxy's or a login page) stops the job in one line."""
+    import http.server
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = b"<html><body>Please log in</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        config = tmp_path / "cdc.toml"
+        config.write_text(f'[topic]\nbootstrap_servers = "127.0.0.1:1"\n[search]\nurl = "{url}"\n')
+        done = cdc("sink", "search", "--once", "--config", str(config))
+    finally:
+        server.shutdown()
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"error: OpenSearch at {url} answered GET / with HTTP 200 and text/html, not OpenSearch's JSON: point "
+        "[search] url at OpenSearch's REST endpoint (not a proxy's or a login page)"
+    )

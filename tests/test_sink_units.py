@@ -27,9 +27,10 @@ from cdc.events.shapes import column_shape
 from cdc.events.types import field_schema
 from cdc.source.pgtypes import BUILTIN_TYPES
 from sinks.delta import needs_column_mapping, table_path, widens
-from sinks.job import drained
-from sinks.shapes import POINT, ColumnShape, Registry, Version, numeric_precision, spark_type
+from sinks.pipeline import drained
+from sinks.spark_types import POINT, numeric_precision, spark_type
 from sinks.topics import is_table_topic, spark_options, subscription
+from sinks.versions import ColumnShape, Registry, Version
 
 pytestmark = pytest.mark.unit
 
@@ -188,13 +189,13 @@ def test_spark_kafka_options_carry_sasl_credentials_quoted() -> None:
 
 
 def _event(key: str, offset: int, op: str | None, after: dict | None = None, lsn: int | None = None,
-           topic: str = "p.public.t") -> tuple:
+           topic: str = "p.public.t", partition: int = 0) -> tuple:
     """A change row as the stores' writers get it: sinks.latest.COLUMNS, in that order."""
     from sinks.latest import COLUMNS
 
     row = {
         "_cdc_topic": topic, "_cdc_key": key, "_cdc_op": op, "_cdc_lsn": lsn, "_cdc_seq": lsn,
-        "_cdc_partition": 0, "_cdc_offset": offset, "_cdc_tombstone": op is None,
+        "_cdc_partition": partition, "_cdc_offset": offset, "_cdc_tombstone": op is None,
         "after": orjson.dumps(after).decode() if after is not None else None,
     }
     return tuple(row[name] for name in COLUMNS)
@@ -202,7 +203,7 @@ def _event(key: str, offset: int, op: str | None, after: dict | None = None, lsn
 
 def test_the_cache_keeps_the_last_change_of_each_key_with_toasted_values_carried() -> None:
     from sinks.latest import last_changes, position
-    from sinks.shapes import TOAST_PLACEHOLDER
+    from sinks.versions import TOAST_PLACEHOLDER
 
     unchanged = TOAST_PLACEHOLDER
     rows = [
@@ -226,7 +227,7 @@ def test_the_fold_takes_each_partition_in_arrival_order_without_a_sort() -> None
     """A Spark partition holds whole topic partitions one after the other (the job only
     coalesces): keys interleave, each key's changes in offset order. The fold needs no sort."""
     from sinks.latest import last_changes, position
-    from sinks.shapes import TOAST_PLACEHOLDER
+    from sinks.versions import TOAST_PLACEHOLDER
 
     rows = [  # topic partition 0 of t, then topic partition 1 of t, then one of u
         _event('{"id":2}', 1, "c", {"id": 2, "body": "first", "n": 0}, lsn=10),
@@ -235,9 +236,9 @@ def test_the_fold_takes_each_partition_in_arrival_order_without_a_sort() -> None
         _event('{"id":1}', 4, "d", lsn=12),
         _event('{"id":2}', 5, "u", {"id": 2, "body": "second", "n": 2}, lsn=13),
         _event('{"id":1}', 6, None),  # the d's tombstone, after another key's change
-        _event('{"id":3}', 1, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 7}, lsn=12),
+        _event('{"id":3}', 1, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 7}, lsn=12, partition=1),
         _event('{"id": 1}', 1, "c", {"id": 1, "body": "u's", "n": 9}, lsn=14, topic="p.public.u"),
-        _event('{"id":3}', 2, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 8}, lsn=13),
+        _event('{"id":3}', 2, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 8}, lsn=13, partition=1),
     ]
     out = [(t, c.key, c.kind, c.pos, c.offset, c.row, c.missing) for t, c in last_changes(rows)]
     assert out == [
@@ -246,6 +247,16 @@ def test_the_fold_takes_each_partition_in_arrival_order_without_a_sort() -> None
         ("p.public.t", '{"id":3}', "u", position(13, 13), 2, {"id": 3, "body": TOAST_PLACEHOLDER, "n": 8}, ("body",)),
         ("p.public.u", '{"id":1}', "u", position(14, 14), 1, {"id": 1, "body": "u's", "n": 9}, ()),
     ]
+
+
+def test_the_fold_refuses_a_topic_partition_out_of_offset_order() -> None:
+    """What the fold relies on, checked where it can break: a repartitioned batch would keep
+    an older change of a key."""
+    from sinks.latest import OutOfOrder, last_changes
+
+    rows = [_event('{"id":1}', 5, "u", {"id": 1}, lsn=20), _event('{"id":1}', 4, "u", {"id": 1}, lsn=19)]
+    with pytest.raises(OutOfOrder, match=r"p.public.t partition 0 reached a writer out of offset order \(4 after 5\)"):
+        list(last_changes(rows))
 
 
 def test_cache_keys_positions_and_urls() -> None:
@@ -264,7 +275,7 @@ def test_cache_keys_positions_and_urls() -> None:
 
 
 def _column(name: str, pg_type: str, connect: dict, key: bool = False) -> object:
-    from sinks.shapes import ColumnShape
+    from sinks.versions import ColumnShape
 
     return ColumnShape(name, pg_type, -1, key, connect)
 
@@ -291,7 +302,7 @@ def test_search_aliases_are_the_topic_names_in_an_injective_lowercase_escape() -
 
 def test_search_mapping_follows_the_type_table() -> None:
     from sinks.search_shapes import DATE, KEYWORD, TEXT, mapping
-    from sinks.shapes import Version
+    from sinks.versions import Version
 
     columns = (
         _column("id", "int8", {"type": "int64"}, key=True),
@@ -309,20 +320,22 @@ def test_search_mapping_follows_the_type_table() -> None:
         _column("da", "date[]", {"type": "array", "items": {"type": "int32", "name": "io.debezium.time.Date"}}),
         _column("by", "bytea", {"type": "bytes"}),
     )
-    props = mapping(Version("public", "t", "p.public.t", 0, columns))["properties"]
-    assert props == {
+    whole = mapping(Version("public", "t", "p.public.t", 0, columns))
+    assert whole["properties"] == {
         "id": {"type": "long"}, "d": DATE, "ts": DATE, "tsz": DATE, "tm": {"type": "long"},
         "j": {"type": "flat_object"}, "ja": TEXT, "u": KEYWORD, "ip": KEYWORD,
         "n": {"type": "double", "ignore_malformed": True}, "f": {"type": "double", "ignore_malformed": True},
         "t": TEXT, "da": DATE, "by": {"type": "binary"},
+        "_cdc_pos": {"type": "keyword", "store": True},  # the document's position, which a truncate compares
     }
+    assert whole["_source"] == {"excludes": ["_cdc_pos"]}  # readers' `_source` is the row
     assert mapping(Version("public", "t", "p.public.t", 0, columns[5:6]), "flattened")["properties"] == {
-        "j": {"type": "flattened"}}
+        "j": {"type": "flattened"}, "_cdc_pos": {"type": "keyword", "store": True}}
 
 
 def test_search_documents_turn_dates_into_iso_text_and_json_into_objects() -> None:
     from sinks.search_shapes import Documents
-    from sinks.shapes import Version
+    from sinks.versions import Version
 
     columns = (
         _column("d", "date", {"type": "int32", "name": "io.debezium.time.Date"}),
@@ -336,11 +349,11 @@ def test_search_documents_turn_dates_into_iso_text_and_json_into_objects() -> No
     docs = Documents(Registry([v1, v2]))
     assert docs.source("p.public.t", 50, {
         "d": 19782, "ts": 1704164645678901, "t3": 1704164645678, "j": '{"k": [1, 2]}', "da": [0, None, -1],
-    }) == {
+    }, "p1") == {
         "d": "2024-02-29", "ts": "2024-01-02T03:04:05.678901", "t3": "2024-01-02T03:04:05.678000",
-        "j": {"k": [1, 2]}, "da": ["1970-01-01", None, "1969-12-31"],
+        "j": {"k": [1, 2]}, "da": ["1970-01-01", None, "1969-12-31"], "_cdc_pos": "p1",
     }
     # beyond years 1-9999 (Debezium's infinities): epoch ms; JSON OpenSearch will refuse stays text
-    assert docs.source("p.public.t", 50, {"d": -2**31, "ts": 9223372036825200000, "j": "not json"}) == {
-        "d": -2**31 * 86_400_000, "ts": 9223372036825200, "j": "not json"}
-    assert docs.source("p.public.t", 100, {"d": "x"}) == {"d": "x"}  # the version of the commit LSN
+    assert docs.source("p.public.t", 50, {"d": -2**31, "ts": 9223372036825200000, "j": "not json"}, "p2") == {
+        "d": -2**31 * 86_400_000, "ts": 9223372036825200, "j": "not json", "_cdc_pos": "p2"}
+    assert docs.source("p.public.t", 100, {"d": "x"}, "p3") == {"d": "x", "_cdc_pos": "p3"}  # the commit LSN's version

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,18 +86,6 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
 def _child_env() -> dict[str, str]:
     """This worktree's packages first, whatever is installed (editable) elsewhere."""
     return {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from sinks.spark import build_session
-
-    warehouse = tmp_path_factory.mktemp("spark-warehouse")  # not the worktree, Spark's default
-    session = build_session("test-spark-stack", conf={"spark.sql.warehouse.dir": str(warehouse)})
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def test_spark_gets_only_the_jars_pyspark_lacks() -> None:

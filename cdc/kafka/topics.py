@@ -270,3 +270,9 @@ class TopicAdmin:
     def topics_with_prefix(self, prefix: str) -> list[str]:
         with self._broker_errors("list the topics"):
             return sorted(t for t in self._admin.list_topics() if t.startswith(prefix + "."))
+
+    def topic_ids(self, names: list[str]) -> dict[str, str]:
+        """Each existing topic's id (KIP-516): a topic deleted and created again gets a new one."""
+        with self._broker_errors("look up the topics' ids"):
+            found = self._admin.describe_topics(names)
+        return {t["name"]: str(t["topic_id"]) for t in found if not t.get("error_code") and t.get("topic_id")}

@@ -3,8 +3,8 @@
 Starts a throwaway PostgreSQL with logical WAL and a local Apache Kafka (KRaft, its jars
 fetched once from Maven Central), runs `cdc run` against them, writes rows (inserts, an
 update, a delete, a key change) and prints the events as they land in the compacted topics,
-then runs the Spark sink jobs (`--once`) into a Delta warehouse, a local OpenSearch index
-and a local Redis cache.
+then runs the Spark sink job (`--once`) of every store sinks.stores lists (a Delta
+warehouse, a local OpenSearch index, a local Redis cache), each into a throwaway one.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 import psycopg
 
 from cdc.config import TopicConfig
+from cdc.config import load as load_config
 from cdc.local.kafka import LocalKafka
-from cdc.local.opensearch import LocalOpenSearch
 from cdc.local.postgres import LocalPostgres
-from cdc.local.redis import LocalRedis
 from cdc.naming import topic_name
 from compaction.reader import read_topic
 from compaction.table import build, payload_of
@@ -58,41 +58,13 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-# delta-rs in a child: a process that read a table with it can abort at exit
-_READ_DELTA = """
-import json, os, sys
-from deltalake import DeltaTable
-rows = DeltaTable(sys.argv[1]).to_pyarrow_table().to_pylist()
-keep = lambda r: {k: v for k, v in r.items() if not k.startswith("_cdc_") or k in ("_cdc_op", "_cdc_lsn")}
-sys.stdout.write(json.dumps(sorted((keep(r) for r in rows), key=lambda r: r["id"]), default=str))
-sys.stdout.flush()
-os._exit(0)
-"""
-
-
-def _show_cache(url: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    for table in ("customers", "orders"):
-        topic = topic_name(PREFIX, "public", table)
-        for key in sorted(client.scan_iter(match=f"{topic}:*")):
-            click.echo(f"  GET '{key.decode()}' -> {client.get(key).decode()}")  # type: ignore[union-attr]
-
-
-def _show_search(url: str) -> None:
-    from cdc.config import SearchConfig
-    from sinks.search import Settings
+def _search_example(url: str) -> None:
+    """One full-text search, as a search user would try the index."""
+    from sinks.opensearch import Endpoint
     from sinks.search_shapes import alias_name
 
-    client = Settings.of(SearchConfig(url=url)).client()
-    client.ok("POST", "/_refresh")
-    for table in ("customers", "orders"):
-        alias = alias_name(topic_name(PREFIX, "public", table))
-        hits = client.ok("POST", f"/{alias}/_search", {"query": {"match_all": {}}, "sort": ["_doc"]})["hits"]["hits"]
-        for hit in sorted(hits, key=lambda h: h["_id"]):
-            click.echo(f"  {alias}/_doc/{hit['_id']} -> {json.dumps(hit['_source'])}")
     query = {"query": {"match": {"email": "example.com"}}}
+    client = Endpoint(url).client()
     hits = client.ok("POST", f"/{alias_name(topic_name(PREFIX, 'public', 'customers'))}/_search", query)["hits"]["hits"]
     click.echo(f"  search customers for email 'example.com': {sorted(h['_id'] for h in hits)}")
 
@@ -110,13 +82,19 @@ def _sink(store: str, env: dict[str, str], base: Path) -> None:
 def run_demo(workdir: Path | None, keep: bool) -> None:
     base = Path(workdir or tempfile.mkdtemp(prefix="cdc-demo-"))
     base.mkdir(parents=True, exist_ok=True)
-    _step(f"starting PostgreSQL (wal_level=logical), Apache Kafka (KRaft), OpenSearch and Redis under {base}")
+    from sinks.stores import STORES
+
+    _step(f"starting PostgreSQL (wal_level=logical), Apache Kafka (KRaft) and each store's server under {base}")
     pg = LocalPostgres(base / "postgres").start()
     broker = LocalKafka(base / "broker").start()
-    search = LocalOpenSearch(base / "opensearch").start()
-    cache = LocalRedis(base / "redis").start()
+    servers: list[Any] = []
+    settings: dict[str, str] = {}
     daemon: subprocess.Popen | None = None
     try:
+        for registration in STORES.values():
+            server, env_of = registration.load().local(base)
+            servers += [server] if server is not None else []
+            settings.update(env_of)
         dsn = pg.dsn()
         click.echo(f"PostgreSQL: {dsn}\nbroker:     {broker.bootstrap_servers}")
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -155,11 +133,11 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
                 ).fetchone()[0]),  # type: ignore[index]
                 60, "the broker to acknowledge every change",
             )
-        config = TopicConfig(bootstrap_servers=broker.bootstrap_servers, prefix=PREFIX)
+        topic_config = TopicConfig(bootstrap_servers=broker.bootstrap_servers, prefix=PREFIX)
         for table in ("customers", "orders"):
             topic = topic_name(PREFIX, "public", table)
             _step(f"topic {topic}: every record, in offset order per partition")
-            records = list(read_topic(config, topic))
+            records = list(read_topic(topic_config, topic))
             for r in sorted(records, key=lambda r: (r.partition, r.offset)):
                 key = r.key.decode() if r.key else None
                 if r.value is None:
@@ -174,30 +152,19 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
             state = build(records).state()
             click.echo(f"  read as a table (what compaction keeps): {sorted(json.dumps(v) for v in state.values())}")
         _step("one full event (Debezium envelope)")
-        first = next(iter(read_topic(config, topic_name(PREFIX, "public", "customers"))))
+        first = next(iter(read_topic(topic_config, topic_name(PREFIX, "public", "customers"))))
         click.echo(json.dumps(payload_of(first.value), indent=2))  # type: ignore[arg-type]
-        _step(
-            "cdc sink delta --once (a Spark job): the topics into a Delta warehouse, current/ (the tables now), "
-            "changes/ (every event) and history/ (every version)"
-        )
-        env["CDC_DELTA_PATH"] = str(base / "warehouse")
+        env.update(settings)
         env["CDC_SPARK_CHECKPOINT_DIR"] = str(base / "checkpoints")
-        _sink("delta", env, base)
-        for table in ("customers", "orders"):
-            rows = subprocess.run(
-                [sys.executable, "-c", _READ_DELTA, str(base / "warehouse" / "current" / "public" / table)],
-                capture_output=True, text=True,
-            )
-            click.echo(f"  current/public/{table} (read with delta-rs): {rows.stdout.strip() or rows.stderr[-500:]}")
-        _step("cdc sink search --once (a Spark job): the topics into OpenSearch, an index per table behind an "
-              "alias named after its topic, _id = the key's JSON, _source = the row")
-        env["CDC_SEARCH_URL"], env["CDC_SEARCH_REPLICAS"] = search.url, "0"
-        _sink("search", env, base)
-        _show_search(search.url)
-        _step("cdc sink cache --once (a Spark job): the topics into Redis, GET <topic>:<key JSON> = the row")
-        env["CDC_CACHE_URL"] = cache.url
-        _sink("cache", env, base)
-        _show_cache(cache.url)
+        config = load_config(environ=env)
+        tables = [topic_name(PREFIX, "public", table) for table in ("customers", "orders")]
+        for name, registration in STORES.items():
+            _step(f"cdc sink {name} --once (a Spark job): the topics into {registration.story}")
+            _sink(name, env, base)
+            for line in registration.load().show(config, tables):
+                click.echo(f"  {line}")
+            if name == "search":
+                _search_example(config.search.url)
         _step("cdc status")
         status = subprocess.run([sys.executable, "-m", "cdc", "status"], env=env, capture_output=True, text=True)
         click.echo(status.stdout or status.stderr)
@@ -214,8 +181,8 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
         if daemon is not None and daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(60)
-        cache.stop()
-        search.close()
+        for server in servers:
+            server.close()
         broker.stop()
         pg.close()  # stops the server and removes a cluster that had to live outside `base`
     _step(f"done: logs in {base}")

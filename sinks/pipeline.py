@@ -1,0 +1,475 @@
+"""A sink job's micro-batch, on the driver (the work runs on the executors).
+
+Per batch: decode the envelopes; the table versions read up to date (a version not there
+yet fails the batch once, which is read again, before its records become dead letters);
+each table's truncates recorded and applied (sinks.store: a truncate is remembered, and
+every later change below it dropped); then the store writes, either every table in one
+pass of last changes per key (sinks.rows) or table by table in typed steps; the dead
+letters sent once per batch; the store's bookkeeping checked and written; last, the
+progress in LSN terms. Offsets live in the Spark checkpoint, which advances only after
+the batch function returned: a batch whose writes failed is read again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdc.config import Config
+from cdc.kafka.topics import TopicAdmin, TopicError
+from sinks import hadoop, topics
+from sinks.batch import TableBatch, decode_table, table_batch
+from sinks.envelope import change_rows
+from sinks.rows import RowStore
+from sinks.store import (
+    Bookkeeping,
+    SinkStopped,
+    Store,
+    StoreLost,
+    TableStore,
+    check_batch,
+    check_resumed,
+)
+from sinks.versions import Registry
+
+log = logging.getLogger(__name__)
+
+TABLE_THREADS = 4
+QUIET_S = 2.0  # no batch for this long: the streaming job looks whether its last heartbeat is complete
+LETTER_COLUMNS = ("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_key", "_cdc_error", "_value")
+
+
+class UnknownVersion(Exception):
+    """Records of a table whose version is not in the schemas topic yet (the daemon sends a
+    version ahead of its events, to another topic): the batch is read again."""
+
+
+class StopRequested(Exception):
+    """Raised by a batch that starts after SIGTERM: it is read again next time, uncommitted."""
+
+
+@dataclass
+class Progress:
+    """How far a job got, in source terms (see `cdc status`)."""
+
+    tables: dict[str, int] = field(default_factory=dict)  # topic -> highest commit LSN applied
+    complete_lsn: int = 0  # every transaction committed at or below it is in the store
+    heartbeat_lsn: int = 0  # the newest daemon heartbeat read (complete after the next batch, or `settle`)
+    batches: int = 0
+    dead_letters: int = 0
+
+    def as_record(self, job: str, batch_id: int) -> dict[str, Any]:
+        return {
+            "job": job, "batch": batch_id, "tables": {t: str(v) for t, v in self.tables.items()},
+            "complete_lsn": str(self.complete_lsn), "heartbeat_lsn": str(self.heartbeat_lsn),
+            "dead_letters": self.dead_letters, "ts_ms": int(time.time() * 1000),
+        }
+
+    @classmethod
+    def from_record(cls, raw: dict[str, Any] | None) -> Progress:
+        if not raw:
+            return cls()
+        return cls(
+            {t: int(v) for t, v in raw.get("tables", {}).items()}, int(raw.get("complete_lsn", 0)),
+            int(raw.get("heartbeat_lsn", 0)), 0, int(raw.get("dead_letters", 0)),
+        )
+
+
+class SinkJob:
+    """The batch function of one job and its state between batches, across the runner's
+    retries: its store, the table versions, the bookkeeping, the progress."""
+
+    def __init__(
+        self, spark: SparkSession, config: Config, store: Store, stop_requested: Callable[[], bool] = lambda: False
+    ) -> None:
+        self.spark = spark
+        self.stop_requested = stop_requested
+        self.config = config
+        self.store = store
+        self.prefix = config.topic.prefix
+        self.heartbeat_topic = topics.internal(self.prefix, topics.HEARTBEAT)
+        self.schemas = topics.SchemaFeed(config.topic)
+        self.progress_log = topics.ProgressLog(config.topic, store.name)
+        self.progress = Progress.from_record(self.progress_log.last())
+        self.state = Bookkeeping()
+        self.checkpoint = ""  # its folder: the batches learn its query id from there (sinks.query)
+        self.lineage: str | None = None
+        self.running = False  # a batch is being applied (SIGTERM waits for it)
+        self.last_batch: int | None = None  # the id of the last batch this run committed
+        self.batch_ended = 0.0  # when it ended (monotonic)
+        self._settled: int | None = None  # the last batch `settle` looked after
+        self._unknown: dict[int, set[str]] = {}  # batch -> tables it failed for once, without a version
+        self._admin: TopicAdmin | None = None
+        self.failure: BaseException | None = None
+        self._lock = threading.Lock()  # tables are applied in parallel threads; `settle` runs beside batches
+
+    # -- the store's bookkeeping -----------------------------------------------------
+    def begin(self, committed: int | None, lineage: str | None) -> None:
+        """Before the query starts (`committed`: the checkpoint's last committed batch, None
+        for none; `lineage`: the checkpoint's query id, None for a new checkpoint): the store
+        opened and found holding what the job committed."""
+        self.failure = None
+        self.lineage = lineage
+        store = self.store
+        store.open(resumed=committed is not None)
+        self.state = check_resumed(store, store.load(), committed, lineage)
+        if committed is None:
+            store.save(self.state.as_record())
+        self._check_topics([])  # one deleted and created again while the job was away
+
+    def forget(self) -> None:
+        """The store was cleared: it is complete up to nothing, until the replay says more."""
+        with self._lock:
+            self.progress = Progress(dead_letters=self.progress.dead_letters)
+            self._settled = None
+            self.progress_log.send(self.progress.as_record(self.store.name, -1))
+
+    # -- one batch -------------------------------------------------------------------
+    def __call__(self, records: DataFrame, batch_id: int) -> None:
+        if self.stop_requested():  # batches follow each other at once: the stop must come from here
+            self.failure = StopRequested()
+            raise self.failure
+        self.running = True
+        try:
+            self._batch(records, batch_id)
+        except BaseException as exc:
+            self.failure = exc
+            raise
+        finally:
+            self.running = False
+
+    def _batch(self, records: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        # One read of the batch from Kafka, stored with its plan cut short: the batch's later
+        # jobs neither read Kafka again nor plan the envelope decoding again. A task per
+        # topic partition would be mostly scheduling on a small batch: the executors' cores
+        # read them, a whole topic partition each time, in offset order (what stores rely on)
+        cores = self.spark.sparkContext.defaultParallelism
+        persisted = change_rows(records.coalesce(max(1, cores))).localCheckpoint(eager=True)
+        read = time.monotonic()
+        rows = persisted.where(F.col("_cdc_topic") != self.heartbeat_topic)
+        try:
+            stats = self._stats(persisted)
+            counted = time.monotonic()
+            beat = stats.pop(self.heartbeat_topic, {}).get("beat")
+            registry = self.schemas.refresh() if stats else self.schemas.registry
+            if self.lineage is None:  # a new checkpoint's id: Spark wrote it when the query started
+                self.lineage = self.state.extra["checkpoint"] = checkpoint_id(self.spark, self.checkpoint)
+            self._check_topics(list(stats))
+            letters = [rows.where(F.col("_cdc_error").isNotNull())] if any(s["errors"] for s in stats.values()) else []
+            good = rows.where(F.col("_cdc_error").isNull())
+            work = []
+            unknown = [topic for topic in sorted(stats) if not registry.versions(topic)]
+            self._unknown_once(batch_id, unknown)
+            for topic, stat in sorted(stats.items()):
+                if stat["low"] is None and not stat["truncates"] and stat["count"] == stat["errors"]:
+                    continue  # nothing but dead letters
+                table_rows = good.where(F.col("_cdc_topic") == topic)
+                if topic in unknown:
+                    reason = f"no table version for {topic} in {topics.internal(self.prefix, topics.SCHEMAS)}"
+                    letters.append(table_rows.withColumn("_cdc_error", F.lit(reason)))
+                    continue
+                work.append((topic, stat, table_rows))
+            self._stop_on_malformed(letters)  # before any store write: with on_malformed = stop nothing is applied
+            earlier = {topic: self.state.truncates.get(topic) for topic, _, _ in work}
+            for topic, stat, _ in work:
+                newest = self.state.truncated(topic, stat["truncates"])
+                if newest is not None:
+                    self.store.truncate(topic, newest)
+            store = self.store
+            if isinstance(store, RowStore):
+                if work:
+                    written = [topic for topic, _, _ in work]
+                    changes = good.where(F.col("_cdc_topic").isin(*written))
+                    changes = changes.where(F.col("_cdc_op").isNull() | (F.col("_cdc_op") != "t"))
+                    store.prepare(written, registry)
+                    cuts = {t: cut for t in written if (cut := self.state.cut(t)) is not None}
+                    rejected = store.write(changes, registry, cuts)
+                    store.after_batch(written)
+                    if rejected:
+                        letters.append(self._rejected(persisted, rejected))
+                self._send_letters(letters, batch_id)
+            elif isinstance(store, TableStore):
+                self._apply_tables(store, registry, work, earlier, letters, batch_id)
+            written_at = time.monotonic()
+            check_batch(store, store.load(), batch_id)
+            self.state.batch = batch_id
+            store.save(self.state.as_record())
+            applied = {topic: stat["high"] for topic, stat, _ in work if stat["high"] is not None}
+            self._record(batch_id, applied, beat)
+            ended = time.monotonic()
+            log.info(
+                "batch %d: %d records of %d tables in %.1f s (read %.1f, statistics %.1f, store %.1f, progress %.1f)",
+                batch_id, sum(s["count"] for s in stats.values()), len(stats), ended - started, read - started,
+                counted - read, written_at - counted, ended - written_at,
+            )
+        finally:
+            release(persisted)
+
+    def _unknown_once(self, batch_id: int, unknown: list[str]) -> None:
+        """Tables without a version fail a batch once (read again, with the versions read
+        again) before their records become dead letters."""
+        if not unknown:
+            return
+        tried = self._unknown.setdefault(batch_id, set())
+        new = [topic for topic in unknown if topic not in tried]
+        if new:
+            tried.update(new)
+            raise UnknownVersion(
+                f"no table version for {', '.join(new)} in {topics.internal(self.prefix, topics.SCHEMAS)} yet: the "
+                "batch is read again"
+            )
+
+    def _check_topics(self, names: list[str]) -> None:
+        """A table topic deleted and created again under the job: its offsets started over,
+        and what the store and the checkpoint know of the old one no longer holds. Looks at
+        `names` and at every topic the job saw before (Spark's Kafka source reads nothing
+        of a new topic whose offsets are below the checkpoint's: no batch may bring it)."""
+        known = self.state.extra.setdefault("topic_ids", {})
+        names = sorted({*names, *known})
+        if not names:
+            return
+        try:
+            if self._admin is None:
+                self._admin = TopicAdmin(self.config.topic)
+            ids = self._admin.topic_ids(names)
+        except TopicError as exc:  # the batch's read succeeded: this look is not worth failing it
+            log.warning("could not look up the topics' ids: %s", exc)
+            return
+        for name, topic_id in sorted(ids.items()):
+            was = known.setdefault(name, topic_id)
+            if was != topic_id:
+                raise SinkStopped(
+                    f"topic {name} was deleted and created again (id {was}, now {topic_id}): its offsets started "
+                    f"over, and the {self.store.name} job's checkpoint and store follow the old topic; rebuild the "
+                    "store from the topics: stop the job, clear the store and delete its checkpoint folder "
+                    f"({self.store.name} under [spark] checkpoint_dir)"
+                )
+
+    def _stats(self, rows: DataFrame) -> dict[str, dict[str, Any]]:
+        """Per topic: record and error counts, commit LSN range, truncates, max offset per
+        partition; for the heartbeat topic, the highest LSN (`beat`)."""
+        good = F.col("_cdc_error").isNull()
+        heartbeat = F.when(
+            F.col("_cdc_topic") == self.heartbeat_topic, F.get_json_object(F.col("_value"), "$.lsn").try_cast("long")
+        )
+        truncate = F.when(good & (F.col("_cdc_op") == "t"), F.struct(
+            "_cdc_lsn", "_cdc_seq", (F.unix_millis(F.col("_cdc_ts"))).alias("ts")
+        ))
+        per_partition = rows.groupBy("_cdc_topic", "_cdc_partition").agg(
+            F.count(F.lit(1)).alias("count"),
+            F.count(F.when(~good, 1)).alias("errors"),
+            F.min(F.when(good, F.col("_cdc_lsn"))).alias("low"),
+            F.max(F.when(good, F.col("_cdc_lsn"))).alias("high"),
+            F.max("_cdc_offset").alias("offset"),
+            F.collect_list(truncate).alias("truncates"),
+            F.max(heartbeat).alias("beat"),
+        ).collect()
+        stats: dict[str, dict[str, Any]] = {}
+        for row in per_partition:
+            stat = stats.setdefault(row["_cdc_topic"], {
+                "count": 0, "errors": 0, "low": None, "high": None, "offsets": {}, "truncates": [], "beat": None,
+            })
+            if row["beat"] is not None:
+                stat["beat"] = max(stat["beat"] or 0, row["beat"])
+            stat["count"] += row["count"]
+            stat["errors"] += row["errors"]
+            for name, pick in (("low", min), ("high", max)):
+                if row[name] is not None:
+                    stat[name] = row[name] if stat[name] is None else pick(stat[name], row[name])
+            stat["offsets"][row["_cdc_partition"]] = row["offset"]
+            stat["truncates"] += [(t["_cdc_lsn"], t["_cdc_seq"], t["ts"]) for t in row["truncates"]]
+        for stat in stats.values():
+            stat["truncates"].sort()
+        return stats
+
+    def _apply_tables(
+        self, store: TableStore, registry: Registry, work: list[tuple[str, dict[str, Any], DataFrame]],
+        earlier: dict[str, Any], letters: list[DataFrame], batch_id: int,
+    ) -> None:
+        """Tables in parallel threads: a table's writes are a chain of small Spark jobs and
+        Delta commits, mostly waiting; several chains keep the executors busy. The decoded
+        rows stay stored until every thread is done with them, also when one failed."""
+        decoded: list[DataFrame] = []
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
+                futures = [pool.submit(self._decode, registry, w, earlier.get(w[0]), decoded) for w in work]
+                wait(futures)
+                decodes = [future.result() for future in futures]
+                letters += [bad for _, bad in decodes]
+                self._stop_on_malformed(letters)  # before any write of the tables
+                for step in store.steps():
+                    done = [pool.submit(step, batch) for batch, _ in decodes]
+                    wait(done)
+                    for future in done:
+                        future.result()
+            self._send_letters(letters, batch_id)
+        finally:
+            for rows in decoded:
+                release(rows)
+
+    def _decode(
+        self, registry: Registry, work: tuple[str, dict[str, Any], DataFrame], earlier: Any, kept: list[DataFrame]
+    ) -> tuple[TableBatch, DataFrame]:
+        """One table's rows decoded (and kept in `kept` until the batch is written), and those
+        that do not decode (the dead letters)."""
+        topic, stat, rows = work
+        low = stat["low"] if stat["low"] is not None else 0
+        high = stat["high"] if stat["high"] is not None else low
+        started = time.monotonic()
+        decoded, columns = decode_table(rows, registry, topic, low, high)
+        decoded = decoded.localCheckpoint(eager=True)  # stored, and the typed plan cut short
+        with self._lock:
+            kept.append(decoded)
+        log.debug("%s: decoded in %.1f s", topic, time.monotonic() - started)
+        newest = registry.at(topic, high) or registry.versions(topic)[0]
+        batch = table_batch(
+            decoded.where(F.col("_cdc_error").isNull()), newest, columns, stat["truncates"], stat["offsets"], earlier
+        )
+        return batch, decoded.where(F.col("_cdc_error").isNotNull())
+
+    def _rejected(self, rows: DataFrame, rejected: list[tuple[str, int, int, str]]) -> DataFrame:
+        """The change rows a store refused, with its reason."""
+        reasons = self.spark.createDataFrame(
+            rejected, "_cdc_topic string, _cdc_partition int, _cdc_offset long, _reason string"
+        )
+        return (rows.join(reasons, ["_cdc_topic", "_cdc_partition", "_cdc_offset"])
+                .withColumn("_cdc_error", F.col("_reason")).drop("_reason"))
+
+    def _stop_on_malformed(self, bad: list[DataFrame]) -> None:
+        """With `[spark] on_malformed = "stop"`: the first bad record stops the job."""
+        if self.config.spark.on_malformed != "stop" or not bad:
+            return
+        first = _first(bad)
+        if first is not None:
+            raise SinkStopped(
+                f"record {first[0]} partition {first[1]} offset {first[2]} cannot be decoded: {first[3]} (set "
+                "[spark] on_malformed = \"dlq\" to send such records to the dead-letter topic and go on)"
+            )
+
+    def _send_letters(self, bad: list[DataFrame], batch_id: int) -> None:
+        """The batch's dead letters, once: a batch read again (a failed write, a crash) finds
+        in the store's bookkeeping that its letters went out already."""
+        if not bad:
+            return
+        self._stop_on_malformed(bad)
+        first = _first(bad)
+        if first is None:
+            return
+        where = f"{first[0]} partition {first[1]} offset {first[2]}"
+        if self.state.letters == batch_id:
+            log.info("batch %d: its dead letters went out before it was read again (the first %s)", batch_id, where)
+            return
+        letters = _union(bad).select(*LETTER_COLUMNS).persist()  # written, then counted
+        try:
+            topics.write_dead_letters(letters, self.config.topic)
+            count = letters.count()
+        finally:
+            letters.unpersist()
+        self.state.letters = batch_id
+        self.store.save(self.state.as_record())
+        with self._lock:
+            self.progress.dead_letters += count
+        log.warning("%d records to %s, the first %s: %s", count, topics.internal(self.prefix, topics.DLQ), where,
+                    first[3])
+
+    # -- progress --------------------------------------------------------------------
+    def _record(self, batch_id: int, applied: dict[str, int], beat: int | None) -> None:
+        """Every record below a heartbeat read in an earlier batch was in the topics when this
+        batch's offsets were taken, so this batch completes the store up to that heartbeat."""
+        progress = self.progress
+        with self._lock:
+            for topic, lsn in applied.items():
+                progress.tables[topic] = max(progress.tables.get(topic, 0), lsn)
+            progress.complete_lsn = max(progress.complete_lsn, progress.heartbeat_lsn)
+            if beat is not None:
+                progress.heartbeat_lsn = max(progress.heartbeat_lsn, beat)
+            progress.batches += 1
+            self.last_batch, self.batch_ended = batch_id, time.monotonic()
+            self.progress_log.send(progress.as_record(self.store.name, batch_id))
+
+    def quiet(self) -> bool:
+        """No batch for QUIET_S since one that `settle` has not looked after."""
+        return not self.running and self.last_batch != self._settled and time.monotonic() - self.batch_ended >= QUIET_S
+
+    def settle(self, read: dict[str, dict[int, int]] | None) -> None:
+        """When no next batch comes to complete the last heartbeat (see `_record`): at the end
+        of a drained run (`--once`), or while the topics are quiet. If no table topic grew past
+        `read` (per topic and partition, the offset after the last record the applied batches
+        read; None: not known), every record below that heartbeat was read: the store is
+        complete up to it. Once per batch: topics that grew bring a batch."""
+        progress = self.progress
+        with self._lock:
+            batch, beat = self.last_batch, progress.heartbeat_lsn
+            if read is None or batch is None or batch == self._settled:
+                return
+            self._settled = batch
+            if beat <= progress.complete_lsn:
+                return
+        try:
+            admin = TopicAdmin(self.config.topic)
+            try:
+                tables = [t for t in admin.topics_with_prefix(self.prefix) if topics.is_table_topic(self.prefix, t)]
+                now = admin.end_offsets(tables)
+            finally:
+                admin.close()
+        except TopicError as exc:  # the store is written; only this shortcut to its progress is lost
+            log.warning("progress stays complete up to the heartbeat before the last one: %s", exc)
+            return
+        if drained(read, now):
+            with self._lock:
+                if beat > progress.complete_lsn:  # else a later batch completed it already
+                    progress.complete_lsn = beat
+                    self.progress_log.send(progress.as_record(self.store.name, batch))
+
+    def close(self) -> None:
+        self.schemas.close()
+        self.progress_log.close()
+        if self._admin is not None:
+            self._admin.close()
+        self.store.close()
+
+
+def release(frame: DataFrame) -> None:
+    """Free the blocks of a `localCheckpoint`ed frame now: `DataFrame.unpersist` leaves them
+    until the JVM collects the plan (measured: its blocks stay cached), and a batch of a
+    million records holds hundreds of MB. Whoever still reads the frame fails
+    (CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND), so only after every reader is done."""
+    frame._jdf.queryExecution().analyzed().rdd().unpersist(False)
+
+
+def checkpoint_id(spark: SparkSession, checkpoint: str) -> str | None:
+    """The query id Spark keeps in a checkpoint (None before the query first started on it)."""
+    raw = hadoop.read_bytes(spark, checkpoint.rstrip("/") + "/metadata")
+    return str(orjson.loads(raw)["id"]) if raw else None
+
+
+def drained(read: dict[str, dict[int, int]], ends: dict[str, dict[int, int]]) -> bool:
+    """Whether `read` (per topic and partition, the offset after the last record read) reaches
+    every end offset of `ends` (a partition the run did not read has to be empty)."""
+    return all(end <= read.get(topic, {}).get(part, 0) for topic, parts in ends.items() for part, end in parts.items())
+
+
+def _union(frames: list[DataFrame]) -> DataFrame:
+    out = frames[0]
+    for more in frames[1:]:
+        out = out.unionByName(more, allowMissingColumns=True)
+    return out
+
+
+def _first(bad: list[DataFrame]) -> Any:
+    """(topic, partition, offset, reason) of the first bad row, or None."""
+    found = _union(bad).select("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_error").take(1)
+    return found[0] if found else None
+
+
+__all__ = ["Progress", "SinkJob", "StopRequested", "StoreLost", "UnknownVersion", "drained"]

@@ -1,0 +1,114 @@
+"""A sink job's Structured Streaming query: the table topics through the batch function
+(sinks.pipeline) until they are drained (`--once`) or a stop is requested; its checkpoint.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from pyspark.sql import SparkSession
+
+from cdc.config import Config
+from cdc.kafka.topics import TopicAdmin
+from sinks import hadoop, topics
+from sinks.pipeline import Progress, SinkJob, StopRequested, checkpoint_id
+
+
+class QueryFailed(Exception):
+    """The query stopped outside the batch function (its Kafka source, Spark itself)."""
+
+
+def run(
+    spark: SparkSession, config: Config, job: SinkJob, checkpoint: str, once: bool,
+    stop_requested: Callable[[], bool] = lambda: False,
+) -> Progress:
+    """Run the job until its topics are drained (`once`) or a stop is requested.
+
+    A failed batch fails the query: the error is raised here, and the caller may start
+    the job again from the same checkpoint (nothing after the last good batch is lost)."""
+    job.checkpoint = checkpoint
+    job.begin(last_committed(spark, checkpoint), checkpoint_id(spark, checkpoint))
+    reader = topics.read_stream(spark, config.topic, config.spark.max_offsets_per_trigger)
+    writer = reader.writeStream.foreachBatch(job).option("checkpointLocation", checkpoint)
+    if once:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{config.spark.trigger_interval_s} seconds")
+    query = writer.queryName(f"cdc-sink-{job.store.name}").start()
+    stopped = False
+    try:
+        while query.isActive:
+            if stop_requested() and not job.running:
+                # a batch that starts in between stops itself (StopRequested), uncommitted
+                stopped = True
+                query.stop()
+                break
+            if not once and job.quiet():
+                job.settle(_offsets_read(query))
+            time.sleep(0.2)
+        stopped = stopped or isinstance(job.failure, StopRequested)
+        if job.failure is not None and not stopped:
+            raise job.failure
+        if query.exception() is not None and not stopped:
+            raise QueryFailed(str(query.exception()))
+        if once and not stopped:
+            job.settle(_offsets_read(query))
+    finally:
+        if query.isActive:
+            query.stop()
+    return job.progress
+
+
+def _offsets_read(query: Any) -> dict[str, dict[int, int]] | None:
+    """Per topic and partition, the offset after the last record the query read: its last
+    committed batch's end offsets (lastProgress follows each commit); None before the first."""
+    progress = query.lastProgress
+    if progress is None or not progress.sources:
+        return None
+    end = progress.sources[0].endOffset
+    offsets = orjson.loads(end) if isinstance(end, str) else end
+    if not offsets:
+        return None
+    return {topic: {int(part): int(offset) for part, offset in parts.items()} for topic, parts in offsets.items()}
+
+
+def last_committed(spark: SparkSession, checkpoint: str) -> int | None:
+    """The id of the checkpoint's last committed batch (None: no batch committed)."""
+    ids = [int(name) for name in hadoop.names(spark, checkpoint.rstrip("/") + "/commits") if name.isdigit()]
+    return max(ids) if ids else None
+
+
+def drop_checkpoint(spark: SparkSession, checkpoint: str) -> None:
+    """Forget the job's offsets: it reads the topics from the earliest offsets again."""
+    hadoop.delete(spark, checkpoint)
+
+
+def ensure_topics(config: Config) -> None:
+    """The topics a job reads or writes beyond the tables' (a job may start before the daemon)."""
+    prefix = config.topic.prefix
+    admin = TopicAdmin(config.topic)
+    try:
+        admin.ensure([topics.internal(prefix, s) for s in (topics.SCHEMAS, topics.HEARTBEAT, topics.PROGRESS)], 1)
+        admin.ensure([topics.internal(prefix, topics.DLQ)], 1, log_only=True)
+    finally:
+        admin.close()
+
+
+class StopSignal:
+    """SIGTERM/SIGINT ask the job to stop after its running batch. `install` after the
+    SparkContext started: pyspark puts its own SIGINT handler in (cancel every job)."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.requested.set())
+
+    def __call__(self) -> bool:
+        return self.requested.is_set()

@@ -1,0 +1,63 @@
+"""The stores a sink job keeps, one line each: `cdc sink <name>` runs the job of the module's
+store. A store module defines the store (sinks.store) and four functions: `check(config)`
+(its settings and its server, before any Spark starts: one line naming the fix),
+`build(spark, config)`, `local(workdir)` (a throwaway server for the demo, and the settings
+that point at it) and `show(config, topics)` (what a reader finds there, a line per row).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from cdc.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from sinks.store import Store
+
+
+@dataclass(frozen=True)
+class Registration:
+    name: str
+    module: str
+    #: the `[section]` of the config file with the store's settings
+    section: str
+    #: what the store is, for `cdc sink --help`
+    what: str
+    #: what the job makes of the topics there, for `cdc demo`
+    story: str
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+
+STORES: dict[str, Registration] = {r.name: r for r in (
+    Registration("delta", "sinks.delta", "delta", "the Delta warehouse under [delta] path",
+                 "a Delta warehouse: current/ (the tables now), changes/ (every event) and history/ (every version)"),
+    Registration("search", "sinks.search", "search", "the OpenSearch index at [search] url",
+                 "OpenSearch, an index per table behind an alias named after its topic, _id = the key's JSON, "
+                 "_source = the row"),
+    Registration("cache", "sinks.cache", "cache", "the Redis cache at [cache] url",
+                 "Redis, GET <topic>:<key JSON> = the row"),
+)}
+
+
+def registration(name: str) -> Registration:
+    found = STORES.get(name)
+    if found is None:
+        raise ConfigError(f"unknown sink {name!r}: use one of {', '.join(STORES)}")
+    return found
+
+
+def check(name: str, config: Config) -> None:
+    """The store's settings and its server, before any Spark starts."""
+    registration(name).load().check(config)
+
+
+def build(name: str, spark: SparkSession, config: Config) -> Store:
+    store: Store = registration(name).load().build(spark, config)
+    return store
