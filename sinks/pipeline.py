@@ -20,14 +20,14 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.config import Config
 from cdc.kafka.topics import TopicAdmin, TopicError
-from sinks import hadoop, topics
+from sinks import topics
 from sinks.batch import TableBatch, decode_table, table_batch
+from sinks.checkpoint import last_committed, query_id
 from sinks.envelope import change_rows
 from sinks.rows import RowStore
 from sinks.store import (
@@ -101,7 +101,7 @@ class SinkJob:
         self.progress_log = topics.ProgressLog(config.topic, store.name)
         self.progress = Progress.from_record(self.progress_log.last())
         self.state = Bookkeeping()
-        self.checkpoint = ""  # its folder: the batches learn its query id from there (sinks.query)
+        self.checkpoint = ""  # its folder (`begin`): a new one's query id is there once the query started
         self.lineage: str | None = None
         self.running = False  # a batch is being applied (SIGTERM waits for it)
         self.last_batch: int | None = None  # the id of the last batch this run committed
@@ -113,12 +113,13 @@ class SinkJob:
         self._lock = threading.Lock()  # tables are applied in parallel threads; `settle` runs beside batches
 
     # -- the store's bookkeeping -----------------------------------------------------
-    def begin(self, committed: int | None, lineage: str | None) -> None:
-        """Before the query starts (`committed`: the checkpoint's last committed batch, None
-        for none; `lineage`: the checkpoint's query id, None for a new checkpoint): the store
-        opened and found holding what the job committed."""
+    def begin(self, checkpoint: str) -> None:
+        """Before the query starts on `checkpoint`: the store opened and found holding what
+        the job committed (sinks.store.check_resumed)."""
         self.failure = None
-        self.lineage = lineage
+        self.checkpoint = checkpoint
+        committed = last_committed(self.spark, checkpoint)
+        self.lineage = lineage = query_id(self.spark, checkpoint)
         store = self.store
         store.open(resumed=committed is not None)
         self.state = check_resumed(store, store.load(), committed, lineage)
@@ -163,7 +164,7 @@ class SinkJob:
             beat = stats.pop(self.heartbeat_topic, {}).get("beat")
             registry = self.schemas.refresh() if stats else self.schemas.registry
             if self.lineage is None:  # a new checkpoint's id: Spark wrote it when the query started
-                self.lineage = self.state.extra["checkpoint"] = checkpoint_id(self.spark, self.checkpoint)
+                self.lineage = self.state.extra["checkpoint"] = query_id(self.spark, self.checkpoint)
             self._check_topics(list(stats))
             letters = [rows.where(F.col("_cdc_error").isNotNull())] if any(s["errors"] for s in stats.values()) else []
             good = rows.where(F.col("_cdc_error").isNull())
@@ -445,12 +446,6 @@ def release(frame: DataFrame) -> None:
     million records holds hundreds of MB. Whoever still reads the frame fails
     (CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND), so only after every reader is done."""
     frame._jdf.queryExecution().analyzed().rdd().unpersist(False)
-
-
-def checkpoint_id(spark: SparkSession, checkpoint: str) -> str | None:
-    """The query id Spark keeps in a checkpoint (None before the query first started on it)."""
-    raw = hadoop.read_bytes(spark, checkpoint.rstrip("/") + "/metadata")
-    return str(orjson.loads(raw)["id"]) if raw else None
 
 
 def drained(read: dict[str, dict[int, int]], ends: dict[str, dict[int, int]]) -> bool:

@@ -15,8 +15,8 @@ from pyspark.sql import SparkSession
 
 from cdc.config import Config
 from cdc.kafka.topics import TopicAdmin
-from sinks import hadoop, topics
-from sinks.pipeline import Progress, SinkJob, StopRequested, checkpoint_id
+from sinks import topics
+from sinks.pipeline import Progress, SinkJob, StopRequested
 
 
 class QueryFailed(Exception):
@@ -31,8 +31,7 @@ def run(
 
     A failed batch fails the query: the error is raised here, and the caller may start
     the job again from the same checkpoint (nothing after the last good batch is lost)."""
-    job.checkpoint = checkpoint
-    job.begin(last_committed(spark, checkpoint), checkpoint_id(spark, checkpoint))
+    job.begin(checkpoint)
     reader = topics.read_stream(spark, config.topic, config.spark.max_offsets_per_trigger)
     writer = reader.writeStream.foreachBatch(job).option("checkpointLocation", checkpoint)
     if once:
@@ -75,17 +74,6 @@ def _offsets_read(query: Any) -> dict[str, dict[int, int]] | None:
     if not offsets:
         return None
     return {topic: {int(part): int(offset) for part, offset in parts.items()} for topic, parts in offsets.items()}
-
-
-def last_committed(spark: SparkSession, checkpoint: str) -> int | None:
-    """The id of the checkpoint's last committed batch (None: no batch committed)."""
-    ids = [int(name) for name in hadoop.names(spark, checkpoint.rstrip("/") + "/commits") if name.isdigit()]
-    return max(ids) if ids else None
-
-
-def drop_checkpoint(spark: SparkSession, checkpoint: str) -> None:
-    """Forget the job's offsets: it reads the topics from the earliest offsets again."""
-    hadoop.delete(spark, checkpoint)
 
 
 def ensure_topics(config: Config) -> None:

@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from pyspark.sql import functions as F
 
 from cdc.config import Config
+from sinks import checkpoint as checkpoints
 from sinks.batch import decode_table, table_batch
 from sinks.delta import DeltaStore
-from sinks.query import StopSignal, drop_checkpoint, ensure_topics
+from sinks.query import StopSignal, ensure_topics
 from sinks.runner import check, checkpoint, keep_running
 from sinks.search import SearchStore
 from sinks.spark import build_session
@@ -56,7 +57,7 @@ def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, lis
         keep_running(spark, config, store, True, lambda: False)  # after the swap it finishes
         moved += store.swap()  # tables first seen in that pass
         store.finish()
-        drop_checkpoint(spark, checkpoint(config, store.name))
+        checkpoints.drop(spark, checkpoint(config, store.name))
         ProgressLog(config.topic, store.name).forget()
         counts = store.documents([alias for alias, _, _ in moved])
         return [(alias, old, new, counts[alias]) for alias, old, new in moved]

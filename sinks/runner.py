@@ -24,10 +24,11 @@ from pyspark.sql import SparkSession
 
 from cdc.config import Config, ConfigError
 from cdc.kafka.topics import TopicError
+from sinks import checkpoint as checkpoints
 from sinks import stores
 from sinks.batch import TypeConflict
 from sinks.pipeline import Progress, SinkJob, UnknownVersion
-from sinks.query import StopSignal, drop_checkpoint, ensure_topics, run
+from sinks.query import StopSignal, ensure_topics, run
 from sinks.spark import build_session, spark_environment, submit_command
 from sinks.store import SinkStopped, Store, StoreLost, StoreUnavailable
 
@@ -114,7 +115,7 @@ def keep_running(
                 log.warning("sink %s: %s; rebuilding it from the topics (earliest offsets) into a cleared store",
                             store.name, exc)
                 store.clear()
-                drop_checkpoint(spark, checkpoint(config, store.name))
+                checkpoints.drop(spark, checkpoint(config, store.name))
                 job.forget()
                 attempts = 0
             except Exception as exc:
