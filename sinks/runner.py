@@ -108,13 +108,22 @@ def keep_running(
             except (SinkStopped, TypeConflict):
                 raise
             except StoreLost as exc:  # a replay from the earliest offsets into a cleared store rebuilds it
-                rebuilds += 1
-                if rebuilds > REBUILDS:
+                if rebuilds >= REBUILDS:
                     raise SinkStopped(f"the {store.name} sink rebuilt its store {REBUILDS} times and it lost writes "
                                       f"again: {exc}") from None
                 log.warning("sink %s: %s; rebuilding it from the topics (earliest offsets) into a cleared store",
                             store.name, exc)
-                store.clear()
+                try:
+                    store.clear()
+                except Exception as failed:
+                    if not transient(failed, store):
+                        raise
+                    log.warning("sink %s: clearing it failed (%s); again in %.0f s", store.name, _first_line(failed),
+                                delay)
+                    time.sleep(delay)
+                    delay = min(delay * 2, LAST_DELAY_S)
+                    continue
+                rebuilds += 1
                 checkpoints.drop(spark, checkpoint(config, store.name))
                 job.forget()
                 attempts = 0

@@ -300,3 +300,26 @@ def test_a_table_that_fails_leaves_the_other_tables_rows_to_their_threads(
     with pytest.raises(SinkStopped, match="table a failed"):
         runner.keep_running(spark, config, OneTableFails(spark, str(tmp_path / "warehouse")), True, lambda: False)
     assert read == {"b": 500}
+
+
+def test_a_store_that_cannot_be_cleared_yet_is_cleared_on_a_later_attempt(
+    tmp_path: Path, db: Any, run_daemon: Any, broker_servers: str, topic_prefix: str, redis_server: LocalRedis,
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store found lost is cleared before the replay; a clear the store refuses for now (it is
+    still coming back) is tried again after the backoff, not the end of the job."""
+    monkeypatch.setattr(runner, "FIRST_DELAY_S", 0.2)
+    config = _captured(tmp_path, db, run_daemon, broker_servers, topic_prefix, redis_server.url)
+    runner.keep_running(spark, config, CacheStore(config.cache, topic_prefix), True, lambda: False)
+    redis.Redis.from_url(redis_server.url).flushdb()  # a Redis that restarted without its data
+    refusals = iter([True, True])
+
+    class SlowToComeBack(CacheStore):
+        def clear(self) -> None:
+            if next(refusals, False):
+                raise StoreUnavailable("Redis is loading the dataset in memory")
+            super().clear()
+
+    runner.keep_running(spark, config, SlowToComeBack(config.cache, topic_prefix), True, lambda: False)
+    assert next(refusals, None) is None  # both refusals were met
+    assert {row["id"] for row in _cached(redis_server.url, topic_prefix).values()} == {1, 2, 3}
