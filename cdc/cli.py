@@ -37,7 +37,8 @@ def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
 
         try:
             config = load(config_path)
-            setup_logging(config.daemon.log_level, secrets_of(config))
+            component, log_format = _component(config, kwargs)
+            setup_logging(config.daemon.log_level, secrets_of(config), log_format, component)
             return func(config, **kwargs)
         except (ConfigError, PreflightError, TopicError, TimeoutError) as exc:
             _fail(str(exc))
@@ -47,6 +48,18 @@ def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
             _fail(str(exc))
 
     return wrapper
+
+
+def _component(config: Config, params: dict[str, Any]) -> tuple[str, str]:
+    """Who logs (the JSON lines' `component`) and in which format: the sink jobs (and the
+    search rebuild) take `[spark] log_format`, every other command `[daemon] log_format`."""
+    ctx = click.get_current_context()
+    name = ctx.command.name or "cdc"
+    if name == "sink":
+        return f"sink-{params.get('store')}", config.spark.log_format
+    if ctx.parent is not None and ctx.parent.command.name == "search" and name == "rebuild":
+        return "search-rebuild", config.spark.log_format
+    return ("daemon" if name in ("run", "snapshot") else name), config.daemon.log_format
 
 
 class _Group(click.Group):

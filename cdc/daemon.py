@@ -227,7 +227,8 @@ class Daemon:
         deliver(producer, cfg.topic.delivery_timeout_ms / 1000)
         repl = self._connect_replication()
         created = repl.create_slot(cfg.source.slot, export_snapshot=bool(plan.initial))
-        log.info("created slot %s at %s", cfg.source.slot, format_lsn(created.consistent_point))
+        log.info("created slot %s at %s", cfg.source.slot, format_lsn(created.consistent_point),
+                 extra={"lsn": format_lsn(created.consistent_point)})
         self.acks.confirmed = plan.state.consistent_point = created.consistent_point
         if plan.initial:
             assert created.snapshot_name is not None  # asked for with export_snapshot
@@ -255,7 +256,8 @@ class Daemon:
             renderer_table = table_events(self.catalog, self.config, describe(self.catalog.conn, table))
             source = renderer_table.source(time.time_ns() // 1000, "false", position, 0, None)
             producer.send(renderer_table.topic, TRUNCATE_KEY, renderer_table.envelope("t", None, None, source))
-        log.warning("re-snapshot: older rows in the topics are cut off by truncate events at %s", format_lsn(position))
+        log.warning("re-snapshot: older rows in the topics are cut off by truncate events at %s", format_lsn(position),
+                    extra={"lsn": format_lsn(position)})
 
     def _producer(self) -> Producer:
         if self.acks.producer is None:
@@ -342,7 +344,7 @@ class Daemon:
                 self._reclaim_slot()
                 self._start_replication()
                 repl_backoff.recovered()
-                log.info("streaming from %s", format_lsn(self.acks.confirmed))
+                log.info("streaming from %s", format_lsn(self.acks.confirmed), extra={"lsn": format_lsn(self.acks.confirmed)})
                 self._stream()
             except (ReplicationLost, psycopg.OperationalError) as exc:
                 self.metrics.errors.labels("replication").inc()
@@ -354,7 +356,7 @@ class Daemon:
                 self.metrics.errors.labels("producer").inc()
                 log.error(
                     "producer error (%s): rewinding to the last confirmed LSN %s",
-                    _first_line(exc), format_lsn(self.acks.confirmed),
+                    _first_line(exc), format_lsn(self.acks.confirmed), extra={"lsn": format_lsn(self.acks.confirmed)},
                 )
                 self._rewind()
                 self._sleep(broker_backoff.failed(_first_line(exc)))
@@ -516,7 +518,7 @@ class Daemon:
                 self._send_status()
         log.info(
             "streamed transaction %d committed at %s: produced from %d spilled messages",
-            commit.xid, format_lsn(commit.commit_lsn), n + 1,
+            commit.xid, format_lsn(commit.commit_lsn), n + 1, extra={"lsn": format_lsn(commit.commit_lsn)},
         )
         self.acks.commit(commit.end_lsn, commit.commit_ts_us)
         self.incremental.note_commit(commit.xid)
@@ -620,7 +622,7 @@ class Daemon:
         self.incremental.close()
         if self.acks.producer is not None:
             self.acks.producer.close()
-        log.info("stopped at confirmed LSN %s", format_lsn(self.acks.confirmed))
+        log.info("stopped at confirmed LSN %s", format_lsn(self.acks.confirmed), extra={"lsn": format_lsn(self.acks.confirmed)})
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
