@@ -27,6 +27,8 @@ from cdc.events.shapes import schemas_topic, version_record
 from cdc.kafka.acks import Acks
 from cdc.kafka.heartbeat import INTERVAL_S as HEARTBEAT_INTERVAL_S
 from cdc.kafka.heartbeat import heartbeat_record, heartbeat_topic
+from cdc.kafka.history import RETENTION_MS as HISTORY_RETENTION_MS
+from cdc.kafka.history import Sample, metrics_topic
 from cdc.kafka.producer import Producer, ProducerError, RecordTooLarge, make_producer
 from cdc.kafka.topics import TopicAdmin, TopicError
 from cdc.metrics import Metrics
@@ -123,6 +125,8 @@ class Daemon:
         self._versions: dict[str, bytes] = {}  # topic -> the shape last sent to the schema topic
         self._heartbeat: tuple[int, float] = (0, 0.0)  # (LSN, monotonic time) of the last heartbeat
         self._bytes = 0
+        self._totals = [0, 0]  # events and bytes produced since the start, for the metrics history
+        self._sampled_at = 0.0  # monotonic time of the last history sample
         self._exported: tuple[ReplicationConnection, str] | None = None
 
     # -- start-up -------------------------------------------------------------------------
@@ -174,6 +178,9 @@ class Daemon:
             infos = self.admin.ensure(topics)
             internal = [state_topic(cfg.topic.prefix), schemas_topic(cfg.topic.prefix), heartbeat_topic(cfg.topic.prefix)]
             infos.update(self.admin.ensure(internal, partitions=1))
+            if cfg.daemon.metrics_interval_s:
+                history = [metrics_topic(cfg.topic.prefix)]
+                infos.update(self.admin.ensure(history, 1, log_only=True, retention_ms=HISTORY_RETENTION_MS))
             state = load_state(cfg)
         self._remember_topics(infos)
         return state
@@ -561,13 +568,29 @@ class Daemon:
         m.server_lsn.set(self.server_wal_end)
         m.lag_bytes.set(max(0, self.server_wal_end - confirmed))
         oldest = self.acks.oldest_commit_ts_us()
-        m.lag_seconds.set(max(0.0, time.time() - oldest / 1e6) if oldest is not None else 0.0)
+        lag_seconds = max(0.0, time.time() - oldest / 1e6) if oldest is not None else 0.0
+        m.lag_seconds.set(lag_seconds)
         m.pending.set(self.acks.in_flight())
         for table, count in self._table_counts.items():
             m.events.labels(table).inc(count)
+            self._totals[0] += count
         self._table_counts.clear()
         m.bytes.inc(self._bytes)
+        self._totals[1] += self._bytes
         self._bytes = 0
+        self._sample(confirmed, now, lag_seconds)
+
+    def _sample(self, confirmed: int, now: float, lag_seconds: float) -> None:
+        """A point of the daemon's history every `metrics_interval_s` (see cdc.kafka.history)."""
+        interval = self.config.daemon.metrics_interval_s
+        if not interval or now - self._sampled_at < interval or self.acks.producer is None:
+            return
+        sample = Sample(
+            self.config.source.slot, int(time.time() * 1000), confirmed, max(self.server_wal_end, confirmed),
+            round(lag_seconds, 3), self._totals[0], self._totals[1], self.acks.in_flight(),
+        )
+        self.acks.send([sample.record(self.config.topic.prefix)])
+        self._sampled_at = now
 
     def _beat(self, confirmed: int, now: float) -> None:
         """Tell consumers how far the topics are complete (see cdc.kafka.heartbeat)."""

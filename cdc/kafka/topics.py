@@ -168,13 +168,18 @@ class TopicAdmin:
                 "([topic] security settings, ACLs)"
             ) from None
 
-    def ensure(self, names: list[str], partitions: int | None = None, log_only: bool = False) -> dict[str, TopicInfo]:
+    def ensure(
+        self, names: list[str], partitions: int | None = None, log_only: bool = False, retention_ms: int = -1
+    ) -> dict[str, TopicInfo]:
         """Create the missing topics compacted; refuse existing non-compacted ones unless allowed.
-        `log_only`: a plain log kept until deleted (dead letters: every record counts, none supersedes another)."""
+        `log_only`: a plain log kept `retention_ms` (-1: until deleted; dead letters: every record
+        counts, none supersedes another)."""
         with self._broker_errors("describe or create the topics"):
-            return self._ensure(names, partitions or self.config.partitions, log_only)
+            return self._ensure(names, partitions or self.config.partitions, log_only, retention_ms)
 
-    def _ensure(self, names: list[str], partitions: int, log_only: bool = False) -> dict[str, TopicInfo]:
+    def _ensure(
+        self, names: list[str], partitions: int, log_only: bool = False, retention_ms: int = -1
+    ) -> dict[str, TopicInfo]:
         from kafka.admin import NewTopic
         from kafka.errors import KafkaError, TopicAlreadyExistsError
 
@@ -201,7 +206,7 @@ class TopicAdmin:
                 "max.message.bytes": str(self.config.max_message_bytes),
             }
             if log_only:
-                topic_configs["retention.ms"] = "-1"
+                topic_configs["retention.ms"] = str(retention_ms)
             new = [
                 NewTopic(n, partitions, self.config.replication_factor, topic_configs=topic_configs)
                 for n in missing
@@ -211,7 +216,8 @@ class TopicAdmin:
                     self._admin.create_topics([topic])
                     log.info(
                         "created topic %s (%d partitions, %s)", topic.name, partitions,
-                        "kept until deleted" if log_only else "compacted",
+                        "compacted" if not log_only else "kept until deleted" if retention_ms < 0
+                        else f"kept {retention_ms // 3600000} h",
                     )
                 except TopicAlreadyExistsError:  # another process won the race: check what it made
                     pass
