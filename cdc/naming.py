@@ -19,6 +19,7 @@ __all__ = [
     "IDENTIFIER_MAX_BYTES",
     "TablePattern",
     "find_topic_collisions",
+    "is_table_topic",
     "parse_table_pattern",
     "parse_topic_name",
     "qualified",
@@ -382,6 +383,11 @@ def topic_name(prefix: str, schema: str, table: str) -> str:
             f"over Kafka's limit of {TOPIC_MAX_LENGTH}: {fix}"
         )
     return topic
+
+
+def is_table_topic(prefix: str, name: str) -> bool:
+    """`<prefix>.<schema>.<table>`: the internal topics (`<prefix>.__cdc_*`) have one segment."""
+    return re.fullmatch(rf"{re.escape(prefix)}\.[^.]+\.[^.]+", name) is not None
 
 
 def parse_topic_name(topic: str) -> tuple[str, str, str]:

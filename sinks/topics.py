@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from cdc.config import TopicConfig
 from cdc.kafka.security import security_settings
+from cdc.naming import is_table_topic as is_table_topic  # where the sinks look for it
 from compaction.progress import SINKS_SUFFIX as PROGRESS
 from compaction.progress import read_progress
 from sinks.versions import Registry, Version
@@ -46,10 +47,6 @@ def subscription(prefix: str) -> str:
     """Java regex of the topics a sink reads: `<prefix>.<schema>.<table>` and the heartbeat
     (the other internal topics have a single segment after the prefix, like the heartbeat)."""
     return rf"{re.escape(prefix)}\.({_TABLE}|{HEARTBEAT})"
-
-
-def is_table_topic(prefix: str, name: str) -> bool:
-    return re.fullmatch(rf"{re.escape(prefix)}\.{_TABLE}", name) is not None
 
 
 def _jaas_quote(text: str) -> str:
