@@ -171,6 +171,52 @@ def status(config: Config, as_json: bool) -> None:
 
 
 @main.command()
+@click.option("--interval", "-n", type=click.FloatRange(0.2, 3600), default=1.0, show_default=True,
+              help="Seconds between pictures.")
+@click.option("--counts-every", type=click.FloatRange(1, 86400), default=5.0, show_default=True,
+              help="Seconds between row counts of the source and the stores.")
+@click.option("--no-counts", is_flag=True, help="Count no rows (a count(*) per table and a count per store).")
+@click.option("--once", is_flag=True, help="Print one picture (after the first row counts) and exit.")
+@_with_config
+def top(config: Config, interval: float, counts_every: float, no_counts: bool, once: bool) -> None:
+    """A live view of the whole pipeline until Ctrl-C: the daemon (events/s, slot lag in bytes
+    and seconds), each sink job (records/s, the LSN its store is complete up to, its lag
+    behind the slot, dead letters) and each table's rows in PostgreSQL and in every store.
+
+    Reads what the daemon and the sink jobs publish (the daemon's /metrics when [daemon]
+    metrics_port is set, the progress records in <prefix>.__cdc_sinks, the heartbeats) and
+    counts rows: run it with the deployment's config file."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from cdc.top import Watch, render
+
+    watch = Watch(config, None if no_counts else counts_every)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: wide enough for every column
+        console = Console(width=140)
+    try:
+        if once:
+            deadline = time.monotonic() + 60
+            picture = watch.sample()
+            while not no_counts and picture.counted_ms is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                picture = watch.sample()
+            console.print(render(picture))
+            return
+        with Live(render(watch.sample()), console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(render(watch.sample()), refresh=True)
+    except KeyboardInterrupt:  # the way to stop it
+        pass
+    finally:
+        watch.close()
+
+
+@main.command()
 @click.argument("table")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events.")
 @click.option("--from-end", is_flag=True, help="Start at the end instead of offset 0 (with --follow).")

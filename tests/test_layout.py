@@ -48,7 +48,7 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-TOP = ("cdc.daemon", "cdc.cli", "cdc.status", "cdc.local", "snapshot", "compaction", "sinks")
+TOP = ("cdc.daemon", "cdc.cli", "cdc.status", "cdc.top", "cdc.local", "snapshot", "compaction", "sinks")
 RULES: dict[str, tuple[str, ...]] = {
     # the source side knows PostgreSQL only: no events, no Kafka, nothing built on it
     "cdc.source": ("cdc.events", "cdc.kafka", "kafka", "confluent_kafka", *TOP),
