@@ -217,6 +217,30 @@ def top(config: Config, interval: float, counts_every: float, no_counts: bool, o
 
 
 @main.command()
+@click.option("--html", "html_file", required=True, metavar="FILE", type=click.Path(dir_okay=False, writable=True),
+              help="Write the report to this HTML file (self-contained: inline SVG, no scripts, no requests).")
+@click.option("--hours", type=click.FloatRange(0.01, 24 * 365), default=24.0, show_default=True,
+              help="How far back the plots reach.")
+@click.option("--skip-topic-scan", is_flag=True,
+              help="Do not read the table topics (their sizes after compaction stay blank).")
+@_with_config
+def report(config: Config, html_file: str, hours: float, skip_topic_scan: bool) -> None:
+    """One HTML page of the pipeline over time: the slot's lag, each sink's lag and throughput,
+    dead letters, and each topic's size now and after compaction.
+
+    From what the deployment keeps in Kafka: the daemon's samples (<prefix>.__cdc_metrics,
+    every [daemon] metrics_interval_s), its heartbeats and the sinks' progress records."""
+    from cdc.report import collect, render_html
+
+    history = collect(config, hours, scan_topics=not skip_topic_scan)
+    Path(html_file).write_text(render_html(history), encoding="utf-8")
+    click.echo(
+        f"report: {html_file} ({len(history.samples)} daemon samples, "
+        f"{sum(len(r) for r in history.progress.values())} sink progress records, {len(history.topics)} topics)"
+    )
+
+
+@main.command()
 @click.argument("table")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events.")
 @click.option("--from-end", is_flag=True, help="Start at the end instead of offset 0 (with --follow).")

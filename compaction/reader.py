@@ -23,12 +23,14 @@ class TopicRecord:
 
 
 def read_topic(
-    config: TopicConfig, topic: str, follow: bool = False, from_end: bool = False, idle_timeout_s: float = 60.0
+    config: TopicConfig, topic: str, follow: bool = False, from_end: bool = False, idle_timeout_s: float = 60.0,
+    from_ms: int | None = None,
 ) -> Iterator[TopicRecord]:
     """Every record of `topic` in per-partition offset order, partitions interleaved.
 
     Without `follow` it stops at the end offsets seen when it started; with `follow` it
-    keeps waiting for new records. `idle_timeout_s` bounds a wait that makes no progress."""
+    keeps waiting for new records. `idle_timeout_s` bounds a wait that makes no progress.
+    `from_ms`: start at the first record written at or after this time (ms since the epoch)."""
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
@@ -51,6 +53,10 @@ def read_topic(
         if from_end:
             for tp in tps:
                 consumer.seek(tp, ends[tp])
+        elif from_ms is not None:
+            found = consumer.offsets_for_times({tp: from_ms for tp in tps})
+            for tp in tps:
+                consumer.seek(tp, ends[tp] if found.get(tp) is None else found[tp].offset)
         else:
             consumer.seek_to_beginning(*tps)
         remaining = {tp for tp in tps if consumer.position(tp) < ends[tp]}

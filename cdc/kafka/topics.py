@@ -273,6 +273,23 @@ class TopicAdmin:
             out[tp.topic][tp.partition] = value.offset
         return out
 
+    def log_sizes(self) -> dict[str, int]:
+        """Bytes each topic's log holds on disk: per partition its largest replica (the leader's,
+        or one that is ahead), summed over the partitions."""
+        with self._broker_errors("describe the log directories"):
+            answers = self._admin.describe_log_dirs()
+        largest: dict[tuple[str, int], int] = {}
+        for broker in answers:
+            for log_dir in broker.get("log_dirs", []):
+                for topic in log_dir.get("topics", []):
+                    for part in topic.get("partitions", []):
+                        key = (topic["name"], part["partition_index"])
+                        largest[key] = max(largest.get(key, 0), part["partition_size"])
+        out: dict[str, int] = {}
+        for (name, _), size in largest.items():
+            out[name] = out.get(name, 0) + size
+        return out
+
     def topics_with_prefix(self, prefix: str) -> list[str]:
         with self._broker_errors("list the topics"):
             return sorted(t for t in self._admin.list_topics() if t.startswith(prefix + "."))
