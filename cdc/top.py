@@ -167,7 +167,7 @@ class _Follower:
 def rate(points: deque[tuple[float, int]], now: float) -> float | None:
     """Per second over the last RATE_WINDOW_S, from (time, running total) points in time order:
     from the newest point at or before the window's start (or the oldest held) to the newest.
-    A counter that went down (a restart) counts from there."""
+    A counter that went down (a restart) counts from 0 after the point before it."""
     if len(points) < 2:
         return None
     start = now - RATE_WINDOW_S
@@ -176,8 +176,9 @@ def rate(points: deque[tuple[float, int]], now: float) -> float | None:
         if point[0] <= start:
             base = point
     newest = points[-1]
-    if newest[1] < base[1]:
-        base = next(p for p in reversed(points) if p[1] <= newest[1])
+    drops = [i for i in range(len(points) - 1) if points[i + 1][1] < points[i][1]]
+    if drops and points[drops[-1]][0] >= base[0]:  # counting began again after that point
+        base = (points[drops[-1]][0], 0)
     elapsed = max(now - base[0], 1e-3)
     return max(0, newest[1] - base[1]) / elapsed
 
