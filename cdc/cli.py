@@ -240,6 +240,38 @@ def report(config: Config, html_file: str, hours: float, skip_topic_scan: bool) 
     )
 
 
+@main.group()
+def slot() -> None:
+    """The replication slot of [source] slot."""
+
+
+@slot.command("drop")
+@_with_config
+def drop(config: Config) -> None:
+    """Drop the slot: PostgreSQL stops keeping WAL for it. The topics keep every record.
+
+    Refused while a daemon streams from it. A later `cdc run` on the same slot name needs a
+    new snapshot: [snapshot] mode = "when_needed" takes it (and cuts off the rows deleted in
+    between); the other modes refuse to start and say so."""
+    from cdc.source.preflight import connect_catalog
+    from cdc.source.slots import drop_slot
+
+    catalog = connect_catalog(config)
+    try:
+        held = drop_slot(catalog, config)
+    finally:
+        catalog.close()
+    name = config.source.slot
+    if held is None:
+        click.echo(f"slot {name} does not exist: nothing to drop")
+        return
+    click.echo(
+        f"dropped slot {name} (it held back {held:,} bytes of WAL); the topics keep every record. "
+        f'To capture again, run cdc run with [snapshot] mode = "when_needed" (a new snapshot); '
+        f"to stop for good, also DROP PUBLICATION {config.source.publication}"
+    )
+
+
 @main.command()
 @click.argument("table")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events.")
