@@ -213,8 +213,8 @@ def _bytes(n: float) -> str:
 
 
 def _secs(s: float) -> str:
-    if s < 1:
-        return f"{s:.2f} s"
+    if s < 10:
+        return (f"{s:.2f}".rstrip("0").rstrip(".") or "0") + " s"
     return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
@@ -265,7 +265,7 @@ def chart(title: str, series: Series, unit: Callable[[float], str], since_ms: in
     t1 = max(until_ms, *(pts[-1][0] for pts in drawn.values()))
     t1 = t1 if t1 > t0 else t0 + 1000
     vmax = _nice(max(max(p[1] for p in pts) for pts in drawn.values()) * 1.05)
-    if unit is _count:
+    if unit in (_count, _bytes):
         vmax = max(vmax, 4.0)  # whole numbers on every tick
 
     def x(t: int) -> float:
