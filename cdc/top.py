@@ -27,10 +27,9 @@ import orjson
 import psycopg
 
 from cdc.config import Config
-from cdc.kafka.heartbeat import heartbeat_topic
-from cdc.kafka.security import security_settings
+from cdc.kafka.follow import Follower, Heartbeats
 from cdc.kafka.topics import TopicAdmin
-from cdc.naming import is_table_topic, parse_topic_name, qualified
+from cdc.naming import is_table_topic, parse_topic_name, qualified, table_of_topic
 from cdc.source.catalog import Catalog
 from cdc.source.preflight import PreflightError, connect_catalog
 from cdc.source.replication import format_lsn, parse_lsn
@@ -38,7 +37,6 @@ from cdc.status import slot_status
 from compaction.progress import sinks_topic
 
 RATE_WINDOW_S = 10.0  # rates are averages over this much of the recent past
-BEATS_KEPT = 7200  # heartbeats held in memory: two hours of a busy slot's (at most one a second)
 COUNT_TIMEOUT_MS = 2000  # an exact count(*) slower than this falls back to the planner's estimate
 STORE_JOBS = ("delta", "search", "cache")  # jobs whose store rows can be counted (not a search rebuild)
 
@@ -112,56 +110,7 @@ class Picture:
         return set(jobs) <= done and self.stores_equal_source() and all(set(jobs) <= set(t.stores) for t in self.tables)
 
 
-# ------------------------------------------------------------------------------ followers
-
-
-class _Follower:
-    """The new records of a small internal topic, without a consumer group: each `poll()`
-    returns what arrived since the last one. `tail`: start this many records before the end."""
-
-    def __init__(self, config: Config, topic: str, tail: int | None = None) -> None:
-        from kafka import KafkaConsumer
-
-        self.topic, self.tail = topic, tail
-        self._consumer = KafkaConsumer(
-            bootstrap_servers=config.topic.bootstrap_servers.split(","), client_id="cdc-top", group_id=None,
-            enable_auto_commit=False, fetch_max_wait_ms=50, **security_settings(config.topic),
-        )
-        self._assigned = False
-        self.skipped = False  # records before the first one read exist (a tail, or the deque let them go)
-
-    def _assign(self) -> bool:
-        from kafka.structs import TopicPartition
-
-        partitions = self._consumer.partitions_for_topic(self.topic)
-        if not partitions:
-            return False  # not created yet: look again next time
-        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-        self._consumer.assign(tps)
-        if self.tail is None:
-            self._consumer.seek_to_beginning(*tps)
-        else:
-            begins, ends = self._consumer.beginning_offsets(tps), self._consumer.end_offsets(tps)
-            for tp in tps:
-                self._consumer.seek(tp, max(begins[tp], ends[tp] - self.tail))
-                self.skipped |= ends[tp] - self.tail > begins[tp]
-        self._assigned = True
-        return True
-
-    def poll(self) -> list[Any]:
-        if not self._assigned and not self._assign():
-            return []
-        out: list[Any] = []
-        for _ in range(100):  # bounded: a backlog is read over several pictures
-            batches = self._consumer.poll(timeout_ms=100, max_records=5000)
-            if not batches:
-                break
-            for records in batches.values():
-                out += records
-        return out
-
-    def close(self) -> None:
-        self._consumer.close()
+# ------------------------------------------------------------------------------ rates
 
 
 def rate(points: deque[tuple[float, int]], now: float) -> float | None:
@@ -194,11 +143,10 @@ class Watch:
         self.prefix = config.topic.prefix
         self.catalog = connect_catalog(config)
         self.admin = TopicAdmin(config.topic)
-        self.progress = _Follower(config, sinks_topic(self.prefix))
-        self.beats_topic = _Follower(config, heartbeat_topic(self.prefix), tail=BEATS_KEPT)
+        self.progress = Follower(config.topic, sinks_topic(self.prefix), client_id="cdc-top")
+        self.heartbeats = Heartbeats(config.topic, config.source.slot)
         self.latest: dict[str, dict[str, Any]] = {}
         self.sink_points: dict[str, deque[tuple[float, int]]] = {}
-        self.beats: deque[tuple[int, int]] = deque(maxlen=BEATS_KEPT)  # (lsn, ts_ms), LSNs rising
         self.event_points: deque[tuple[float, int]] = deque(maxlen=600)
         daemon = config.daemon
         host = "127.0.0.1" if daemon.metrics_host in ("0.0.0.0", "::", "") else daemon.metrics_host
@@ -222,11 +170,7 @@ class Watch:
         counts = dict(self.counts)
         tables = []
         for topic in self.table_topics:
-            try:
-                _, schema, table = parse_topic_name(topic)
-                name = f"{schema}.{table}" if schema.isidentifier() and table.isidentifier() else qualified(schema, table)
-            except ValueError:
-                name = topic
+            name = table_of_topic(topic)
             source = counts.get("source", {}).get(topic, (None, False))
             stores = {s.job: counts.get(s.job, {}).get(topic) for s in sinks if s.job in STORE_JOBS}
             tables.append(TablePicture(topic, name, source[0], source[1], stores))
@@ -280,12 +224,8 @@ class Watch:
             if value.get("records") is not None:
                 points = self.sink_points.setdefault(job, deque(maxlen=600))
                 points.append((value["ts_ms"] / 1000, int(value["records"])))
-        for record in self.beats_topic.poll():
-            if record.value is None or (record.key or b"").decode() != self.config.source.slot:
-                continue
-            beat = orjson.loads(record.value)
-            self.beats.append((int(beat["lsn"]), int(beat["ts_ms"])))
-        newest_beat = self.beats[-1][0] if self.beats else None
+        self.heartbeats.poll()
+        newest_beat = self.heartbeats.newest
         out = []
         for job, value in sorted(self.latest.items()):
             complete = int(value["complete_lsn"])
@@ -298,21 +238,10 @@ class Watch:
                 sink.records_per_s = rate(deque([*points, (now, sink.records_total)]), now) if points else None
             if daemon.confirmed_lsn is not None:
                 sink.behind_bytes = max(0, daemon.confirmed_lsn - complete)
-            sink.lag_seconds, sink.lag_at_least = self._lag(complete, now)
+            _, sink.lag_seconds, sink.lag_at_least = self.heartbeats.lag(complete, now)
             sink.caught_up = newest_beat is not None and complete >= newest_beat
             out.append(sink)
         return out
-
-    def _lag(self, complete: int, now: float) -> tuple[float | None, bool]:
-        """Since when the topics hold a change the store lacks: the first heartbeat past
-        `complete` was written right after it (0: none past it)."""
-        if not self.beats:
-            return None, False
-        for lsn, ts_ms in self.beats:
-            if lsn > complete:
-                partial = self.beats_topic.skipped or len(self.beats) == BEATS_KEPT
-                return max(0.0, now - ts_ms / 1000), partial and self.beats[0][0] > complete
-        return 0.0, False
 
     # -- the row counts ---------------------------------------------------------------------
     def _count_loop(self) -> None:
@@ -354,7 +283,7 @@ class Watch:
         if self._counter is not None:
             self._counter.join(30)
         self.progress.close()
-        self.beats_topic.close()
+        self.heartbeats.close()
         self.admin.close()
         self.catalog.close()
 
