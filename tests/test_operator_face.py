@@ -31,8 +31,16 @@ from cdc.local.postgres import LocalPostgres
 from cdc.local.process import free_port
 from cdc.local.redis import LocalRedis
 from cdc.naming import topic_name
+from cdc.top import scrape
 from compaction.progress import read_progress
-from tests.support import current_lsn, slot_of, start_streaming, wait_for, write_config
+from tests.support import (
+    DaemonProcess,
+    current_lsn,
+    slot_of,
+    start_streaming,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -100,6 +108,7 @@ def deployment(pg: LocalPostgres, broker_servers: str, tmp_path_factory: pytest.
     d = Deployment(base, config, dsn, prefix, slot_of(prefix), password, broker_servers, daemon_metrics,
                    sink_metrics, base / "daemon.log", base / "sink.log")
     daemon = start_streaming(config, d.daemon_log, dsn, d.slot)
+    DaemonProcess.started.remove(daemon)  # it outlives each test: this fixture stops it
     sink = None
     try:
         with open(d.sink_log, "w", encoding="utf-8") as log:
@@ -197,11 +206,40 @@ def test_top_shows_every_stage_live_in_a_terminal(deployment: Deployment):
     assert daemon[:2] == ["pid", str(pid)] or daemon[1:3] == ["pid", str(pid)], screen
     # events/s, then the events the daemon produced since it started: 300 inserts, 100 updates,
     # 50 deletes each with its tombstone, 20 inserts
+    assert "(topics)" not in daemon, screen  # the rate is the daemon's own, from its /metrics
     assert "events/s" in screen and f"{300 + 100 + 100 + 20:,}" in daemon, screen
     # sink, records/s, records, complete up to, behind slot (2), lag (2), dead letters, ...
     cache = _line(screen, "cache")
+    assert cache[2] == f"{700 + 70:,}", screen  # records applied: both snapshots and every change since
     assert cache[4:6] == ["0", "B"] and cache[8] == "1" and cache[-2:] == ["caught", "up"], screen
     assert "slot lag" in screen and "complete up to" in screen and "dead letters" in screen
+
+
+def test_metrics_of_the_daemon_and_the_sink_job_are_scraped(deployment: Deployment):
+    """After the top test's changes: 300 inserts, 100 updates, 50 deletes with their tombstones
+    (items), 20 inserts (notes), and the undecodable record; the job also applied the snapshot."""
+    d = deployment
+    daemon = scrape(f"http://127.0.0.1:{d.daemon_metrics}/metrics")
+    assert daemon[("cdc_events_total", (("table", "public.items"),))] == 500
+    assert daemon[("cdc_events_total", (("table", "public.notes"),))] == 20
+
+    def settled() -> dict | None:
+        sink = scrape(f"http://127.0.0.1:{d.sink_metrics}/metrics")
+        return sink if sink.get(("cdc_sink_records_total", (("store", "cache"), ("table", "public.items")))) == 700 \
+            else None
+
+    sink = wait_for(settled, 120, "the sink's metrics to count every record")
+    cache = (("store", "cache"),)
+    assert sink[("cdc_sink_records_total", (*cache, ("table", "public.notes")))] == 50 + 20
+    assert sink[("cdc_sink_dead_letters_total", cache)] == 1
+    assert sink[("cdc_sink_retries_total", (("reason", "failed"), *cache))] == 0
+    assert sink[("cdc_sink_retries_total", (("reason", "store_lost"), *cache))] == 0
+    assert sink[("cdc_sink_batch_duration_seconds_count", cache)] >= 2
+    assert sink[("cdc_sink_batch_duration_seconds_sum", cache)] > 0
+    progress = d.sink_progress()
+    assert sink[("cdc_sink_complete_lsn", cache)] <= int(progress["complete_lsn"])  # it may have moved since
+    assert 0 <= sink[("cdc_sink_lag_bytes", cache)] < 1_000_000 and 0 <= sink[("cdc_sink_lag_seconds", cache)] < 60
+    assert progress["records"] == 700 + 70 and progress["dead_letters"] == 1
 
 
 def _png_pixels(path: Path) -> tuple[int, int, bytes]:
@@ -254,8 +292,19 @@ def test_logs_are_json_lines_without_secrets(deployment: Deployment):
     streaming = next(line for line in daemon if line["message"].startswith("streaming from "))
     assert streaming["lsn"] == streaming["message"].removeprefix("streaming from ")
     assert {line["table"] for line in daemon if "table" in line} >= {"public.items", "public.notes"}
-    sink = [json.loads(line) for line in d.sink_log.read_text().splitlines() if line.startswith("{")]
-    assert sink and {line["component"] for line in sink} == {"sink-cache"}
+    lines = d.sink_log.read_text().splitlines()
+    sink = [json.loads(line) for line in lines if line.startswith("{")]
+    ours = [line for line in sink if "component" in line]  # the rest: Spark's JVM, in its own JSON layout
+    assert {line["component"] for line in ours} == {"sink-cache"}
+    batches = [line for line in ours if line["message"].startswith("batch ")]
+    assert batches and all(line["message"].startswith(f"batch {line['batch']}: ") and line["store"] == "cache"
+                           for line in batches)
+    letter = next(line for line in ours if "records to " in line["message"])
+    assert (letter["table"], letter["level"]) == ("public.items", "WARNING")
+    assert {tuple(sorted(line)) for line in sink if "component" not in line} <= {("level", "logger", "msg", "ts")} | {
+        ("context", "level", "logger", "msg", "ts"), ("exception", "level", "logger", "msg", "ts")}
+    # what is not JSON: the JVM launcher's and Spark's first lines, before any logging is set up
+    assert len(lines) - len(sink) <= 8, [line for line in lines if not line.startswith("{")]
     for text in (d.daemon_log.read_text(), d.sink_log.read_text()):
         assert d.password not in text
     assert os.path.getsize(d.daemon_log) > 0
