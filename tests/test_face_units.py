@@ -157,3 +157,38 @@ def test_the_report_is_one_page_that_asks_for_nothing():
 def test_a_chart_without_data_says_so():
     svg = chart("empty", {"x": []}, str, 0, 1000)
     assert "no data in this period" in svg and "<polyline" not in svg
+
+
+def test_sink_metrics_count_batches_per_table_and_retries_by_reason(monkeypatch):
+    """The retry loop reports each batch read again: a failure, then a store that lost writes."""
+    import sinks.runner as runner
+    from cdc.config import Config
+    from sinks.job import Progress, StoreLost
+    from sinks.metrics import SinkMetrics
+
+    metrics = SinkMetrics("cache", Config())
+    metrics.batch(1.5, {"cdc.public.orders": 10, "cdc.public.Odd-20Name": 3, "cdc.public.empty": 0}, 2, 0x16B3748)
+    failures = [RuntimeError("Redis went away"), StoreLost("the batch count is gone")]
+
+    def run(*_args: object) -> Progress:
+        if failures:
+            raise failures.pop(0)
+        return Progress()
+
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(runner, "drop_checkpoint", lambda *_: None)
+    monkeypatch.setattr(runner.time, "sleep", lambda _: None)
+
+    class Store:
+        name = "cache"
+
+    runner._keep_running(None, Config(), Store(), True, lambda: False, metrics)  # type: ignore[arg-type]
+    value = metrics.registry.get_sample_value
+    assert value("cdc_sink_retries_total", {"store": "cache", "reason": "failed"}) == 1
+    assert value("cdc_sink_retries_total", {"store": "cache", "reason": "store_lost"}) == 1
+    assert value("cdc_sink_records_total", {"store": "cache", "table": "public.orders"}) == 10
+    assert value("cdc_sink_records_total", {"store": "cache", "table": 'public."Odd Name"'}) == 3
+    assert value("cdc_sink_records_total", {"store": "cache", "table": "public.empty"}) is None
+    assert value("cdc_sink_dead_letters_total", {"store": "cache"}) == 2
+    assert value("cdc_sink_batch_duration_seconds_count", {"store": "cache"}) == 1
+    assert value("cdc_sink_complete_lsn", {"store": "cache"}) == 0x16B3748
