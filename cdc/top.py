@@ -21,7 +21,7 @@ import urllib.request
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
@@ -35,10 +35,13 @@ from cdc.source.preflight import PreflightError, connect_catalog
 from cdc.source.replication import format_lsn, parse_lsn
 from cdc.status import slot_status
 from compaction.progress import sinks_topic
+from sinks.stores import STORES  # the jobs whose store rows are counted (not a search rebuild)
+
+if TYPE_CHECKING:
+    from sinks.store import RowCounter
 
 RATE_WINDOW_S = 10.0  # rates are averages over this much of the recent past
 COUNT_TIMEOUT_MS = 2000  # an exact count(*) slower than this falls back to the planner's estimate
-STORE_JOBS = ("delta", "search", "cache")  # jobs whose store rows can be counted (not a search rebuild)
 
 
 # ------------------------------------------------------------------------------ the picture
@@ -172,7 +175,7 @@ class Watch:
         for topic in self.table_topics:
             name = table_of_topic(topic)
             source = counts.get("source", {}).get(topic, (None, False))
-            stores = {s.job: counts.get(s.job, {}).get(topic) for s in sinks if s.job in STORE_JOBS}
+            stores = {s.job: counts.get(s.job, {}).get(topic) for s in sinks if s.job in STORES}
             tables.append(TablePicture(topic, name, source[0], source[1], stores))
         if counts.get("error"):
             notes.append(f"counting rows: {counts['error']}")
@@ -245,14 +248,14 @@ class Watch:
 
     # -- the row counts ---------------------------------------------------------------------
     def _count_loop(self) -> None:
-        from sinks.counts import StoreCounter
+        from sinks.stores import counter as store_counter
 
-        counters: dict[str, StoreCounter] = {}
+        counters: dict[str, RowCounter] = {}
         catalog: Catalog | None = None
         try:
             while not self._stop.is_set():
                 started = time.monotonic()
-                topics, jobs = list(self.table_topics), [j for j in list(self.latest) if j in STORE_JOBS]
+                topics, jobs = list(self.table_topics), [j for j in list(self.latest) if j in STORES]
                 result: dict[str, Any] = {}
                 try:
                     if catalog is None:
@@ -260,7 +263,9 @@ class Watch:
                     catalog.ensure_connected()
                     result["source"] = count_source(catalog.conn, topics)
                     for job in jobs:
-                        counter = counters.setdefault(job, StoreCounter(job, self.config))
+                        if job not in counters:
+                            counters[job] = store_counter(job, self.config)
+                        counter = counters[job]
                         try:
                             result[job] = counter.count(topics)
                         except Exception as exc:  # a store down: its column shows "?" and why
@@ -393,7 +398,7 @@ def render(picture: Picture, title: str = "cdc top") -> Any:
         )
     if not picture.sinks:
         sinks.add_row("none yet", *[""] * 9)
-    jobs = [s.job for s in picture.sinks if s.job in STORE_JOBS]
+    jobs = [s.job for s in picture.sinks if s.job in STORES]
     rows = table("rows", ["table", "PostgreSQL", *jobs, ""], ("table", ""))
     for t in picture.tables:
         source = "…" if t.source_rows is None else ("~" if t.source_estimated else "") + f"{t.source_rows:,}"

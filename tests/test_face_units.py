@@ -160,29 +160,41 @@ def test_a_chart_without_data_says_so():
 
 
 def test_sink_metrics_count_batches_per_table_and_retries_by_reason(monkeypatch):
-    """The retry loop reports each batch read again: a failure, then a store that lost writes."""
+    """The retry loop reports each batch read again: a failure a retry may cure, then a store
+    that lost writes (the job and the store stand-ins hold no Spark and no server)."""
     import sinks.runner as runner
     from cdc.config import Config
-    from sinks.job import Progress, StoreLost
     from sinks.metrics import SinkMetrics
+    from sinks.pipeline import Progress
+    from sinks.store import StoreLost
 
     metrics = SinkMetrics("cache", Config())
     metrics.batch(1.5, {"cdc.public.orders": 10, "cdc.public.Odd-20Name": 3, "cdc.public.empty": 0}, 2, 0x16B3748)
-    failures = [RuntimeError("Redis went away"), StoreLost("the batch count is gone")]
+    failures = [ConnectionError("Redis went away"), StoreLost("the batch count is gone")]
 
     def run(*_args: object) -> Progress:
         if failures:
             raise failures.pop(0)
         return Progress()
 
-    monkeypatch.setattr(runner, "run", run)
-    monkeypatch.setattr(runner, "drop_checkpoint", lambda *_: None)
-    monkeypatch.setattr(runner.time, "sleep", lambda _: None)
+    class Job:
+        def __init__(self, *_args: object) -> None:
+            self.progress = Progress()
+
+        def forget(self) -> None: ...
+
+        def close(self) -> None: ...
 
     class Store:
-        name = "cache"
+        name, transient = "cache", ()
 
-    runner._keep_running(None, Config(), Store(), True, lambda: False, metrics)  # type: ignore[arg-type]
+        def clear(self) -> None: ...
+
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(runner, "SinkJob", Job)
+    monkeypatch.setattr(runner, "drop_checkpoint", lambda *_: None)
+    monkeypatch.setattr(runner.time, "sleep", lambda _: None)
+    runner.keep_running(None, Config(), Store(), True, lambda: False, metrics)  # type: ignore[arg-type]
     value = metrics.registry.get_sample_value
     assert value("cdc_sink_retries_total", {"store": "cache", "reason": "failed"}) == 1
     assert value("cdc_sink_retries_total", {"store": "cache", "reason": "store_lost"}) == 1
