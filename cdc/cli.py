@@ -211,7 +211,8 @@ def top(config: Config, interval: float, counts_every: float, no_counts: bool, o
                 time.sleep(interval)
                 live.update(render(watch.sample()), refresh=True)
     except KeyboardInterrupt:  # the way to stop it
-        pass
+        if not console.is_terminal:
+            console.line()  # Live leaves the last line open there
     finally:
         watch.close()
 

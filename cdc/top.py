@@ -108,8 +108,9 @@ class Picture:
         )
 
     def caught_up(self, jobs: Iterable[str], lsn: int) -> bool:
-        """Each of `jobs` is complete up to `lsn` and holds the source's row counts."""
-        done = {s.job for s in self.sinks if s.complete_lsn >= lsn}
+        """Each of `jobs` is complete up to `lsn` and up to the newest heartbeat (caught up),
+        and holds the source's row counts."""
+        done = {s.job for s in self.sinks if s.complete_lsn >= lsn and s.caught_up}
         return set(jobs) <= done and self.stores_equal_source() and all(set(jobs) <= set(t.stores) for t in self.tables)
 
 

@@ -105,10 +105,13 @@ def test_the_live_view_shows_every_stage():
     assert orders.split() == ["public.orders", "1,000", "1,000", "990", "≠"]
 
 
-def test_caught_up_needs_every_job_past_the_lsn_and_equal_counts():
+def test_caught_up_needs_every_job_past_the_lsn_and_the_newest_heartbeat_and_equal_counts():
     picture = _picture()
     assert not picture.caught_up(["cache"], 0x16B3748)  # delta's 990 rows: the counts differ
     picture.tables[0].stores["delta"] = 1000
+    assert picture.caught_up(["cache"], 0x16B3748)
+    assert not picture.caught_up(["cache", "delta"], 0x1600000)  # delta is behind the newest heartbeat
+    picture.sinks[1].caught_up = True
     assert picture.caught_up(["cache", "delta"], 0x1600000)
     assert not picture.caught_up(["cache", "delta"], 0x16B3748)  # delta is not complete up to it
 
