@@ -239,6 +239,17 @@ def _nice(top: float) -> float:
     return 10 * magnitude
 
 
+def _round(step: float) -> bool:
+    """1, 2, 2.5 or 5 times a power of ten."""
+    if step <= 0:
+        return False
+    while step >= 10:
+        step /= 10
+    while step < 1:
+        step *= 10
+    return any(abs(step - r) < 1e-9 for r in (1, 2, 2.5, 5))
+
+
 def _thin(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
     """At most MAX_POINTS, keeping each stretch's highest value (a peak stays visible)."""
     if len(points) <= MAX_POINTS:
@@ -274,8 +285,9 @@ def chart(title: str, series: Series, unit: Callable[[float], str], since_ms: in
     def y(v: float) -> float:
         return top + plot_h - v / vmax * plot_h
 
-    for i in range(5):
-        v = vmax * i / 4
+    steps = 5 if _round(vmax / 5) else 4  # 250 in fifties, 2.0 in halves
+    for i in range(steps + 1):
+        v = vmax * i / steps
         out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" class="grid"/>'
                    f'<text x="{left - 6}" y="{y(v) + 4:.1f}" class="tick" text-anchor="end">{html.escape(unit(v))}</text>')
     for i in range(6):
