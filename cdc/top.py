@@ -409,7 +409,8 @@ def render(picture: Picture, title: str = "cdc top") -> Any:
             style = "" if n is None or t.source_rows is None else "green" if n == t.source_rows else "yellow"
             cells.append(Text("…" if n is None else f"{n:,}", style=style))
         equal = t.source_rows is not None and all(t.stores.get(j) == t.source_rows for j in jobs)
-        rows.add_row(t.table, source, *cells, Text("=" if equal else "≠", style="green" if equal else "yellow"))
+        mark = Text("") if not jobs else Text("=", style="green") if equal else Text("≠", style="yellow")
+        rows.add_row(t.table, source, *cells, mark)
     if picture.counted_ms is not None:
         rows.caption = f"counted {max(0.0, (picture.taken_ms - picture.counted_ms) / 1000):.0f} s ago"
         rows.caption_justify = "left"

@@ -151,7 +151,7 @@ def test_the_subscription_takes_table_topics_and_the_heartbeat_only() -> None:
     assert pattern.fullmatch("shop-1.eu.my-2dschema.caf-c3-a9")
     assert pattern.fullmatch("shop-1.eu.__cdc_heartbeat")
     for other in ("shop-1.eu.__cdc_state", "shop-1.eu.__cdc_schemas", "shop-1.eu.__cdc_dlq",
-                  "shop-1.eu.__cdc_sinks", "shop-1Xeu.public.orders", "other.public.orders"):
+                  "shop-1.eu.__cdc_sinks", "shop-1.eu.__cdc_metrics", "shop-1Xeu.public.orders", "other.public.orders"):
         assert not pattern.fullmatch(other), other
 
 
