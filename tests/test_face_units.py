@@ -195,7 +195,7 @@ def test_sink_metrics_count_batches_per_table_and_retries_by_reason(monkeypatch)
 
     monkeypatch.setattr(runner, "run", run)
     monkeypatch.setattr(runner, "SinkJob", Job)
-    monkeypatch.setattr(runner, "drop_checkpoint", lambda *_: None)
+    monkeypatch.setattr(runner.checkpoints, "drop", lambda *_: None)
     monkeypatch.setattr(runner.time, "sleep", lambda _: None)
     runner.keep_running(None, Config(), Store(), True, lambda: False, metrics)  # type: ignore[arg-type]
     value = metrics.registry.get_sample_value
