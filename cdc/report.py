@@ -30,6 +30,7 @@ from cdc.kafka.history import Sample, metrics_topic
 from cdc.kafka.topics import TopicAdmin
 from cdc.naming import is_table_topic
 from cdc.source.replication import format_lsn
+from cdc.units import duration, rate, size
 from compaction.progress import sinks_topic
 from compaction.reader import read_topic
 
@@ -94,10 +95,10 @@ def collect(config: Config, hours: float, scan_topics: bool = True) -> History:
         admin.close()
     history.dead_letters = sum(ends.get(f"{prefix}.{DLQ_SUFFIX}", {}).values())
     for name in names:
-        size = TopicSize(name, sum(ends.get(name, {}).values()), disk.get(name))
+        measured = TopicSize(name, sum(ends.get(name, {}).values()), disk.get(name))
         if scan_topics and is_table_topic(prefix, name):
-            _measure(config, size)
-        history.topics.append(size)
+            _measure(config, measured)
+        history.topics.append(measured)
     return history
 
 
@@ -108,19 +109,19 @@ def _read(config: Config, topic: str, since_ms: int, notes: list[str]) -> Iterab
         notes.append(f"{topic} does not exist (yet)")
 
 
-def _measure(config: Config, size: TopicSize) -> None:
+def _measure(config: Config, topic: TopicSize) -> None:
     """The topic's records now, and what compaction leaves of them: the latest record of each
     key, tombstones gone (they are, `delete.retention.ms` after the cleaner reached them)."""
     latest: dict[bytes | None, int] = {}  # key -> bytes of its latest record (0: a tombstone)
     records = total = 0
-    for record in read_topic(config.topic, size.topic, idle_timeout_s=30):
+    for record in read_topic(config.topic, topic.topic, idle_timeout_s=30):
         n = len(record.key or b"") + len(record.value or b"")
         records += 1
         total += n
         latest[record.key] = n if record.value is not None else 0
-    size.records, size.bytes = records, total
-    size.kept = sum(1 for n in latest.values() if n)
-    size.kept_bytes = sum(latest.values())
+    topic.records, topic.bytes = records, total
+    topic.kept = sum(1 for n in latest.values() if n)
+    topic.kept_bytes = sum(latest.values())
 
 
 # ------------------------------------------------------------------------------ the series
@@ -204,22 +205,8 @@ def sink_series(history: History) -> tuple[Series, Series, Series, Series]:
 # ------------------------------------------------------------------------------ the page
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1000
-    return str(n)
-
-
-def _secs(s: float) -> str:
-    if s < 10:
-        return (f"{s:.2f}".rstrip("0").rstrip(".") or "0") + " s"
-    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
-
-
 def _rate(r: float) -> str:
-    return f"{r:,.0f}/s" if r >= 10 else f"{r:,.1f}/s"
+    return rate(r) + "/s"
 
 
 def _count(n: float) -> str:
@@ -276,7 +263,7 @@ def chart(title: str, series: Series, unit: Callable[[float], str], since_ms: in
     t1 = max(until_ms, *(pts[-1][0] for pts in drawn.values()))
     t1 = t1 if t1 > t0 else t0 + 1000
     vmax = _nice(max(max(p[1] for p in pts) for pts in drawn.values()) * 1.05)
-    if unit in (_count, _bytes):
+    if unit in (_count, size):
         vmax = max(vmax, 4.0)  # whole numbers on every tick
 
     def x(t: int) -> float:
@@ -346,15 +333,15 @@ def render_html(history: History) -> str:
     period = (f"{time.strftime(stamp, time.localtime(since / 1000))} to "
               f"{time.strftime(stamp + ' %Z', time.localtime(until / 1000))}")
     cards = [
-        ("slot lag now", "-" if latest is None else _bytes(latest.lag_bytes)),
-        ("slot lag now (time)", "-" if latest is None else _secs(latest.lag_seconds)),
+        ("slot lag now", "-" if latest is None else size(latest.lag_bytes)),
+        ("slot lag now (time)", "-" if latest is None else duration(latest.lag_seconds)),
         ("confirmed LSN", "-" if latest is None else format_lsn(latest.confirmed_lsn)),
         ("dead letters", _count(history.dead_letters)),
     ]
     for job, points in sorted(behind.items()):
-        cards.append((f"{job}: behind the slot", _bytes(points[-1][1])))
+        cards.append((f"{job}: behind the slot", size(points[-1][1])))
         if lag.get(job):
-            cards.append((f"{job}: lag", _secs(lag[job][-1][1])))
+            cards.append((f"{job}: lag", duration(lag[job][-1][1])))
     parts = [
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
         f"<title>cdc report: {e(history.prefix)}</title><style>{_STYLE}</style></head><body>",
@@ -364,13 +351,13 @@ def render_html(history: History) -> str:
         '<div class="cards">' + "".join(f'<div class="card"><b>{e(v)}</b><span>{e(k)}</span></div>' for k, v in cards)
         + "</div>",
         "<h2>The slot</h2>",
-        chart("slot lag (bytes): the server's WAL end minus the confirmed LSN", lag_bytes, _bytes, since, until),
-        chart("slot lag (seconds): age of the oldest unacknowledged commit", lag_seconds, _secs, since, until),
+        chart("slot lag (bytes): the server's WAL end minus the confirmed LSN", lag_bytes, size, since, until),
+        chart("slot lag (seconds): age of the oldest unacknowledged commit", lag_seconds, duration, since, until),
         chart("daemon: records produced per second", daemon_rate(history), _rate, since, until),
         "<h2>The sinks</h2>",
         chart("sinks: bytes behind the slot (its confirmed LSN minus the LSN the store is complete up to)", behind,
-              _bytes, since, until),
-        chart("sinks: lag (seconds since the topics first held a change the store lacks)", lag, _secs, since, until),
+              size, since, until),
+        chart("sinks: lag (seconds since the topics first held a change the store lacks)", lag, duration, since, until),
         chart("sinks: records applied per second", throughput, _rate, since, until),
         chart("sinks: dead letters (running total)", letters, _count, since, until, step=True),
         _sinks_table(history),
@@ -403,8 +390,8 @@ def _topics_table(topics: list[TopicSize]) -> str:
         return "-" if v is None else fmt(v)
 
     rows = "".join(
-        f"<tr><td>{html.escape(t.topic)}</td><td>{n(t.written)}</td><td>{n(t.records)}</td><td>{n(t.bytes, _bytes)}"
-        f"</td><td>{n(t.kept)}</td><td>{n(t.kept_bytes, _bytes)}</td><td>{n(t.on_disk, _bytes)}</td></tr>"
+        f"<tr><td>{html.escape(t.topic)}</td><td>{n(t.written)}</td><td>{n(t.records)}</td><td>{n(t.bytes, size)}"
+        f"</td><td>{n(t.kept)}</td><td>{n(t.kept_bytes, size)}</td><td>{n(t.on_disk, size)}</td></tr>"
         for t in topics
     )
     return ("<table><tr><th>topic</th><th>records written</th><th>records in the log</th><th>their bytes</th>"

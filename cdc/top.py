@@ -34,6 +34,8 @@ from cdc.source.catalog import Catalog
 from cdc.source.preflight import PreflightError, connect_catalog
 from cdc.source.replication import format_lsn, parse_lsn
 from cdc.status import slot_status
+from cdc.units import duration, size
+from cdc.units import rate as per_second
 from compaction.progress import sinks_topic
 from sinks.stores import STORES  # the jobs whose store rows are counted (not a search rebuild)
 
@@ -333,26 +335,8 @@ def scrape(url: str, timeout_s: float = 2.0) -> dict[tuple[str, tuple[tuple[str,
 # ------------------------------------------------------------------------------ rendering
 
 
-def size(n: float | None) -> str:
-    """Bytes as people read them."""
-    if n is None:
-        return "-"
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1000
-    return f"{n}"
-
-
 def seconds(s: float | None, at_least: bool = False) -> str:
-    if s is None:
-        return "-"
-    text = f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
-    return ("≥ " if at_least else "") + text
-
-
-def per_second(r: float | None) -> str:
-    return "-" if r is None else f"{r:,.0f}" if r >= 10 else f"{r:,.1f}"
+    return ("≥ " if at_least and s is not None else "") + duration(s)
 
 
 def render(picture: Picture, title: str = "cdc top") -> Any:

@@ -97,7 +97,7 @@ def test_the_live_view_shows_every_stage():
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "active pid 4242" in text and "1,234" in text and "56,789" in text and "0/16B3748" in text
     cache = next(line for line in text.splitlines() if line.startswith("cache"))
-    assert cache.split() == ["cache", "850", "5,000", "0/16B3748", "0", "B", "0.0", "s", "0", "12", "2.0", "s", "ago",
+    assert cache.split() == ["cache", "850", "5,000", "0/16B3748", "0", "B", "0", "s", "0", "12", "2", "s", "ago",
                              "caught", "up"]
     delta = next(line for line in text.splitlines() if line.startswith("delta"))
     assert "735.0 kB" in delta and "≥ 42.0 s" in delta and "catching up" in delta
