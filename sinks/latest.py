@@ -4,13 +4,17 @@ as JSON: the cache and the search index).
 Spark's Kafka source reads each topic partition into one Spark partition, in offset order
 (no minPartitions is set), and the job only coalesces them, which appends whole topic
 partitions one after the other. So a key's changes of a batch meet in one Spark partition,
-in offset order, which is the key's position order: one pass in arrival order folds each
-key's changes into its last one, with no sort (sorting a large batch's partitions made the
-JVM spill and run out of heap, measured at 1,000,000 records a batch). The executor's
-Python holds a partition's last change per key until it has read the partition, as the
-sort held the rows before its first one. An unchanged
-TOASTed value takes the batch's newest value of its column; what the batch lacks the
-store fills from the row it holds.
+in offset order, which is the key's position order: the last row of a key in arrival order
+is its last change, with no sort (sorting a large batch's partitions made the JVM spill and
+run out of heap, measured at 1,000,000 records a batch). An unchanged TOASTed value takes
+the batch's newest value of its column; what the batch lacks the store fills from the row
+it holds.
+
+The rows reach the executors' Python as Arrow batches (sinks.rows), and `fold` works on
+their columns: the arrival order checked, each key's last row found, in bulk. Only keys
+whose last change depends on their earlier ones (a tombstone takes its d's position; an
+unchanged TOASTed value the newest one before it) go row by row through `last_changes`,
+which holds those rules.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from sinks.versions import UNAVAILABLE_FORMS
 
@@ -28,9 +34,26 @@ COLUMNS = (
     "_cdc_topic", "_cdc_key", "_cdc_op", "_cdc_lsn", "_cdc_seq", "_cdc_partition", "_cdc_offset", "_cdc_tombstone",
     "after",
 )
+#: COLUMNS as Arrow carries them from Spark (mapInArrow)
+ROWS = pa.schema([
+    ("_cdc_topic", pa.string()), ("_cdc_key", pa.string()), ("_cdc_op", pa.string()), ("_cdc_lsn", pa.int64()),
+    ("_cdc_seq", pa.int64()), ("_cdc_partition", pa.int32()), ("_cdc_offset", pa.int64()),
+    ("_cdc_tombstone", pa.bool_()), ("after", pa.string()),
+])
+#: the last change of each key, a row each: `kind` u (insert, update, snapshot read) or d
+#: (delete, tombstone); `lsn`/`seq` null and `pos` '' for a tombstone whose d is not in the
+#: batch; `row` the row's JSON (null for a delete); `missing` its unchanged TOASTed columns
+#: that neither the event nor the batch had (the store fills them)
+LAST = pa.schema([
+    ("topic", pa.string()), ("key", pa.string()), ("kind", pa.string()), ("lsn", pa.int64()), ("seq", pa.int64()),
+    ("pos", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("row", pa.string()),
+    ("missing", pa.list_(pa.string())),
+])
 
 # the unchanged-TOAST forms as values of the parsed `after` (sinks.versions has them as JSON text)
 _PLACEHOLDERS = tuple(orjson.loads(text) if text.startswith(("[", "{")) else text for text in UNAVAILABLE_FORMS)
+# every form holds one of these in its JSON text: a row without them has no unchanged value
+_PLACEHOLDER_TEXT = tuple(sorted({p for p in _PLACEHOLDERS if isinstance(p, str)}))
 
 
 def position(lsn: int | None, seq: int | None) -> str:
@@ -48,7 +71,7 @@ def canonical_key(raw: str) -> str:
 
 @dataclass
 class Change:
-    """The last change of a key in a batch."""
+    """The last change of a key in a batch (the row-by-row fold's; `fold` has them as columns)."""
 
     key: str  # canonical JSON
     kind: str  # u (insert, update, snapshot read) or d (delete, tombstone)
@@ -79,6 +102,14 @@ class OutOfOrder(Exception):
     would keep an older change of a key."""
 
 
+def _out_of_order(topic: str, partition: int, offset: int, before: int) -> OutOfOrder:
+    return OutOfOrder(
+        f"records of {topic} partition {partition} reached a writer out of offset order ({offset} after "
+        f"{before}): each Kafka partition must reach one Spark partition in order (do not set the Kafka "
+        "source's minPartitions, nor repartition the batch)"
+    )
+
+
 def last_changes(rows: Iterable[Sequence[Any]]) -> Iterator[tuple[str, Change]]:
     """Rows (COLUMNS, in that order), each topic partition's in offset order -> (topic, the
     last change of each key), in the order the keys first came. A tombstone keeps its d's
@@ -88,11 +119,7 @@ def last_changes(rows: Iterable[Sequence[Any]]) -> Iterator[tuple[str, Change]]:
     for topic, raw, op, lsn, seq, partition, offset, tombstone, after in rows:
         before = offsets.get((topic, partition), -1)
         if offset <= before:
-            raise OutOfOrder(
-                f"records of {topic} partition {partition} reached a writer out of offset order ({offset} after "
-                f"{before}): each Kafka partition must reach one Spark partition in order (do not set the Kafka "
-                "source's minPartitions, nor repartition the batch)"
-            )
+            raise _out_of_order(topic, partition, offset, before)
         offsets[(topic, partition)] = offset
         last = changes.get((topic, raw))
         key = last.key if last is not None else canonical_key(raw)
@@ -115,3 +142,111 @@ def last_changes(rows: Iterable[Sequence[Any]]) -> Iterator[tuple[str, Change]]:
         changes[(topic, raw)] = change
     for (topic, _raw), change in changes.items():
         yield topic, change
+
+
+# --------------------------------------------------------------------------- columns
+
+
+def as_rows(rows: Iterable[Sequence[Any]]) -> pa.Table:
+    """Change rows (COLUMNS, in that order) as the Arrow table Spark hands the writers."""
+    return pa.Table.from_pylist([dict(zip(COLUMNS, row, strict=True)) for row in rows], schema=ROWS)
+
+
+def check_order(rows: pa.Table) -> None:
+    """Each topic partition's rows in offset order, else OutOfOrder naming the first that is not.
+    A Spark partition holds runs of one topic partition (whole ones, appended): the offsets
+    rise within each run, and each run starts above where its topic partition's last run ended."""
+    n = rows.num_rows
+    if n == 0:
+        return
+    topic, partition, offset = rows["_cdc_topic"], rows["_cdc_partition"], rows["_cdc_offset"]
+    head, tail = slice(0, n - 1), slice(1, n)  # row i - 1 beside row i
+    same = pc.and_(pc.equal(topic[tail], topic[head]), pc.equal(partition[tail], partition[head]))
+    falling = pc.and_(same, pc.less_equal(offset[tail], offset[head]))
+    first_falling = pc.index(falling, True).as_py()  # row first_falling + 1 is out of order; -1: none
+    starts = [0, *(i + 1 for i in pc.indices_nonzero(pc.invert(same)).to_pylist()), n]
+    ends: dict[tuple[str, int], int] = {}
+    for start, stop in zip(starts, starts[1:], strict=False):
+        run = (topic[start].as_py(), partition[start].as_py())
+        first = offset[start].as_py()
+        if first <= ends.get(run, -1):
+            raise _out_of_order(*run, first, ends[run])
+        if start <= first_falling < stop - 1:
+            at = first_falling + 1
+            raise _out_of_order(*run, offset[at].as_py(), offset[at - 1].as_py())
+        ends[run] = offset[stop - 1].as_py()
+
+
+def fold(rows: pa.Table) -> pa.Table:
+    """A Spark partition's change rows (ROWS), each topic partition's in offset order -> the
+    last change of each key (LAST), in the order the keys first came. Rows out of offset
+    order raise OutOfOrder."""
+    rows = rows.select(list(COLUMNS)).cast(ROWS)
+    check_order(rows)
+    n = rows.num_rows
+    keys = rows.select(["_cdc_topic", "_cdc_key"]).append_column("_i", pa.array(range(n), pa.int64()))
+    groups = keys.group_by(["_cdc_topic", "_cdc_key"], use_threads=False).aggregate([("_i", "max"), ("_i", "count")])
+    last = rows.take(groups["_i_max"])
+    tombstone = last["_cdc_tombstone"]
+    upsert = pc.and_(pc.invert(tombstone), pc.fill_null(pc.not_equal(last["_cdc_op"], "d"), True))
+    toasted = pc.and_(upsert, _holds_placeholder(last["after"]))
+    # a key whose last change depends on its earlier ones: a tombstone after other changes
+    # (its d's position), a row with unchanged TOASTed values (the newest value before them)
+    history = pc.or_(pc.and_(tombstone, pc.greater(groups["_i_count"], 1)), toasted)
+    lsn = pc.if_else(tombstone, pa.scalar(None, pa.int64()), last["_cdc_lsn"])
+    seq = pc.if_else(tombstone, pa.scalar(None, pa.int64()), last["_cdc_seq"])
+    out = pa.table({
+        "topic": last["_cdc_topic"], "key": [canonical_key(raw) for raw in last["_cdc_key"].to_pylist()],
+        "kind": pc.if_else(upsert, "u", "d"), "lsn": lsn, "seq": seq, "pos": _positions(lsn, seq),
+        "partition": last["_cdc_partition"], "offset": last["_cdc_offset"],
+        "row": pc.if_else(upsert, last["after"], pa.scalar(None, pa.string())),
+        "missing": pa.nulls(len(last), pa.list_(pa.string())).fill_null([]),
+    }, schema=LAST)
+    if not pc.any(history).as_py():
+        return out
+    return _with_history(rows, last, out, history)
+
+
+def _holds_placeholder(after: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Rows whose JSON text may hold an unchanged TOASTed value (every form's text holds one of
+    the placeholders: a superset, which `last_changes` then judges value by value)."""
+    found = pc.match_substring(after, _PLACEHOLDER_TEXT[0])
+    for text in _PLACEHOLDER_TEXT[1:]:
+        found = pc.or_(found, pc.match_substring(after, text))
+    return pc.fill_null(found, False)
+
+
+def _positions(lsn: pa.ChunkedArray, seq: pa.ChunkedArray) -> list[str]:
+    return [position(*pair) for pair in zip(lsn.to_pylist(), seq.to_pylist(), strict=True)]
+
+
+def _with_history(rows: pa.Table, last: pa.Table, out: pa.Table, history: pa.ChunkedArray) -> pa.Table:
+    """`out` with the keys of `history` folded row by row over every change of theirs in
+    `rows` (arrival order), each in its place."""
+    def names(topic: pa.ChunkedArray, key: pa.ChunkedArray) -> pa.ChunkedArray:
+        return pc.binary_join_element_wise(topic, key, "\n")  # no topic name holds a newline
+
+    wanted = names(last["_cdc_topic"], last["_cdc_key"]).filter(history)
+    theirs = rows.filter(pc.is_in(names(rows["_cdc_topic"], rows["_cdc_key"]), value_set=wanted.combine_chunks()))
+    folded = last_changes(zip(*(theirs[name].to_pylist() for name in COLUMNS), strict=True))
+    redone = changes_table([
+        (topic, c.key, c.kind, c.lsn, c.seq, c.partition, c.offset,
+         None if c.row is None else orjson.dumps(c.row).decode(), list(c.missing))
+        for topic, c in folded
+    ])
+    # `last_changes` yields the keys in the order they first came, as `out` holds them
+    places = pc.indices_nonzero(history)
+    order = pc.sort_indices(pa.concat_arrays([pc.indices_nonzero(pc.invert(history)), places]))
+    return pa.concat_tables([out.filter(pc.invert(history)), redone]).take(order)
+
+
+def changes_table(changes: Iterable[tuple[Any, ...]]) -> pa.Table:
+    """Last changes from Python values: (topic, key, kind, lsn, seq, partition, offset, row
+    JSON or None, missing columns) each."""
+    columns = list(zip(*changes, strict=True)) or [()] * 9
+    topic, key, kind, lsn, seq, partition, offset, row, missing = columns
+    return pa.table({
+        "topic": topic, "key": key, "kind": kind, "lsn": lsn, "seq": seq,
+        "pos": [position(*pair) for pair in zip(lsn, seq, strict=True)], "partition": partition,
+        "offset": offset, "row": row, "missing": missing,
+    }, schema=LAST)

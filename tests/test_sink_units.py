@@ -259,6 +259,96 @@ def test_the_fold_refuses_a_topic_partition_out_of_offset_order() -> None:
         list(last_changes(rows))
 
 
+def _folded(rows: list[tuple]) -> list[tuple]:
+    """The Arrow fold of `rows` (as Spark hands them to the writers), a tuple per key."""
+    from sinks.latest import as_rows, fold
+
+    return [(c["topic"], c["key"], c["kind"], c["pos"], c["offset"], None if c["row"] is None else orjson.loads(c["row"]),
+             tuple(c["missing"])) for c in fold(as_rows(rows)).to_pylist()]
+
+
+def test_the_arrow_fold_carries_toasted_values_and_keeps_a_tombstones_position() -> None:
+    from sinks.latest import position
+    from sinks.versions import TOAST_PLACEHOLDER
+
+    unchanged = TOAST_PLACEHOLDER
+    rows = [
+        _event('{"id":1}', 1, "c", {"id": 1, "body": "long", "n": 0}, lsn=10),
+        _event('{"id":1}', 2, "u", {"id": 1, "body": unchanged, "n": 1}, lsn=11),
+        _event('{"id":2}', 3, "u", {"id": 2, "body": unchanged, "n": 5}, lsn=12),  # body: from the cache
+        _event('{"id":3}', 4, "d", lsn=13),
+        _event('{"id":3}', 5, None),  # the d's tombstone: the d's position
+        _event('{"id":4}', 6, None),  # a lone tombstone: no position
+    ]
+    assert _folded(rows) == [
+        ("p.public.t", '{"id":1}', "u", position(11, 11), 2, {"id": 1, "body": "long", "n": 1}, ()),
+        ("p.public.t", '{"id":2}', "u", position(12, 12), 3, {"id": 2, "body": unchanged, "n": 5}, ("body",)),
+        ("p.public.t", '{"id":3}', "d", position(13, 13), 5, None, ()),
+        ("p.public.t", '{"id":4}', "d", "", 6, None, ()),
+    ]
+
+
+def test_the_arrow_fold_takes_interleaved_keys_in_arrival_order() -> None:
+    """Whole topic partitions one after the other, keys interleaved within them: the last row
+    of each key wins, keys in the order they first came, schema-carrying keys canonical."""
+    from sinks.latest import position
+    from sinks.versions import TOAST_PLACEHOLDER
+
+    rows = [  # topic partition 0 of t, then topic partition 1 of t, then one of u
+        _event('{"id":2}', 1, "c", {"id": 2, "body": "first", "n": 0}, lsn=10),
+        _event('{"id":1}', 2, "c", {"id": 1, "body": "x", "n": 0}, lsn=10),
+        _event('{"id":2}', 3, "u", {"id": 2, "body": TOAST_PLACEHOLDER, "n": 1}, lsn=11),
+        _event('{"id":1}', 4, "d", lsn=12),
+        _event('{"id":2}', 5, "u", {"id": 2, "body": "second", "n": 2}, lsn=13),
+        _event('{"id":1}', 6, None),  # the d's tombstone, after another key's change
+        _event('{"id":3}', 1, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 7}, lsn=12, partition=1),
+        _event('{"schema":{"type":"struct"},"payload":{"id": 1}}', 1, "c", {"id": 1, "body": "u's", "n": 9}, lsn=14,
+               topic="p.public.u"),
+        _event('{"id":3}', 2, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 8}, lsn=13, partition=1),
+    ]
+    assert _folded(rows) == [
+        ("p.public.t", '{"id":2}', "u", position(13, 13), 5, {"id": 2, "body": "second", "n": 2}, ()),
+        ("p.public.t", '{"id":1}', "d", position(12, 12), 6, None, ()),
+        ("p.public.t", '{"id":3}', "u", position(13, 13), 2, {"id": 3, "body": TOAST_PLACEHOLDER, "n": 8}, ("body",)),
+        ("p.public.u", '{"id":1}', "u", position(14, 14), 1, {"id": 1, "body": "u's", "n": 9}, ()),
+    ]
+
+
+@pytest.mark.parametrize("offsets, message", [
+    ([(0, 5), (0, 4)], r"\(4 after 5\)"),  # within a run of one topic partition
+    ([(0, 5), (1, 1), (0, 5)], r"\(5 after 5\)"),  # a run that starts where its partition's last one ended
+])
+def test_the_arrow_fold_refuses_a_topic_partition_out_of_offset_order(offsets: list, message: str) -> None:
+    from sinks.latest import OutOfOrder, as_rows, fold
+
+    rows = [_event('{"id":1}', offset, "u", {"id": 1}, lsn=20, partition=partition) for partition, offset in offsets]
+    with pytest.raises(OutOfOrder, match=r"^records of p.public.t partition 0 reached a writer out of offset order "
+                                         + message):
+        fold(as_rows(rows))
+
+
+def test_the_arrow_fold_equals_the_row_fold_on_random_batches() -> None:
+    """Any arrival-ordered batch: every key's last change as `last_changes` folds it row by row
+    (deletes, tombstones after them or alone, TOASTed values carried across updates or not)."""
+    import random
+
+    from sinks.latest import last_changes
+    from sinks.versions import TOAST_PLACEHOLDER
+
+    rng = random.Random(7)
+    for _ in range(100):
+        rows, lsn = [], 0
+        for topic, partition in rng.sample([("p.public.t", 0), ("p.public.t", 1), ("p.public.u", 0)], 2):
+            for offset in range(rng.randint(1, 30)):
+                lsn += 1
+                key = f'{{"id":{rng.randint(1, 6)}}}'
+                op = rng.choice(["c", "u", "u", "d", None])
+                after = {"id": 1, "a": rng.choice(["x", TOAST_PLACEHOLDER]), "b": rng.choice([1, TOAST_PLACEHOLDER])}
+                rows.append(_event(key, offset, op, after if op in ("c", "u") else None, lsn, topic, partition))
+        expected = [(t, c.key, c.kind, c.pos, c.offset, c.row, c.missing) for t, c in last_changes(rows)]
+        assert _folded(rows) == expected
+
+
 def test_cache_keys_positions_and_urls() -> None:
     from cdc.redact import display_url
     from sinks.latest import canonical_key, position
