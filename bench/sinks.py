@@ -486,6 +486,8 @@ class SparkRun:
     store_s: float | None = None  # Delta: the batches' writes of their decoded rows (StoreCpu)
     store_cpu_s: float | None = None
     python_cpu_s: float | None = None  # the executors' Python workers over the query (PythonCpu)
+    server_cpu_s: float | None = None  # the store's own server (search, cache) over the query
+    broker_cpu_s: float | None = None  # the Kafka broker over the query
     check: dict[str, Any] = field(default_factory=dict)
     expected: dict[str, Any] = field(default_factory=dict)
     error: str = ""
@@ -799,6 +801,8 @@ class SinksBench(Bench):
                                     cwd=config.parent / config.stem)
         assert proc.stdout is not None
         timeout = self.args.spark_timeout
+        server = next((s.server_pid for s in self.stores if s.name == run.store), None)
+        broker = self.broker.pid if self.broker is not None else None
         deadline = time.monotonic() + timeout
 
         def read() -> None:
@@ -810,12 +814,13 @@ class SinksBench(Bench):
                 event = json.loads(line[len(CHILD_MARK):])
                 kind = event["event"]
                 if kind == "query_start":  # CPU from here, in this thread, as soon as it is said
-                    window.groups = {"spark": proc.pid}
+                    window.groups = {"spark": proc.pid, "server": server, "broker": broker}
                     window.start()
                     python.start(proc.pid)
                 elif kind == "query_end":
                     window.stop()
                     marks["python"] = python.stop()
+                    marks["server"], marks["broker"] = window.used.get("server"), window.used.get("broker")
                     marks["cpu"] = window.used.get("spark")
                     marks["machine"] = window.machine_busy_cores
                 events[kind] = event
@@ -835,6 +840,7 @@ class SinksBench(Bench):
         run.seconds = end.get("seconds")
         run.cpu_s, run.machine_busy_cores = marks.get("cpu"), marks.get("machine")
         run.python_cpu_s = marks.get("python")
+        run.server_cpu_s, run.broker_cpu_s = marks.get("server"), marks.get("broker")
         run.read = end.get("read")
         run.store_s, run.store_cpu_s = end.get("store_s"), end.get("store_cpu")
         if run.phase in ("apply", "rebuild") and not run.error and proc.returncode == 0:
@@ -1200,9 +1206,22 @@ class SinksBench(Bench):
         """The sink's Python writer per record: the executors' Python workers in each cache and
         search apply run, and the writer alone (its own CPU, in the bench's process)."""
         runs = [r for r in self.runs if r.phase == "apply" and r.store in ("search", "cache") and not r.error]
-        if not runs and not self.alone:
+        if not self.runs and not self.alone:
             return []
-        out = ["", "| the sink's Python writer | records | CPU s | µs per record |", "|---|---:|---:|---:|"]
+        out = [
+            "", "| where the CPU of each run went, µs per record | Spark (JVM and driver) | the executors' Python "
+            "workers | the store's server | the Kafka broker | all four |", "|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in self.runs:
+            if r.error or not r.cpu_s or r.phase not in ("ceiling", "apply"):
+                continue
+            python = r.python_cpu_s or 0.0
+            parts = [r.cpu_s - python, python, r.server_cpu_s or 0.0, r.broker_cpu_s or 0.0]
+            label = "read ceiling" if r.phase == "ceiling" else f"apply: {r.store}"
+            out.append(f"| {label}, maxOffsetsPerTrigger {r.max_offsets:,} | "
+                       + " | ".join(f"{1e6 * p / r.records:.1f}" for p in parts)
+                       + f" | {1e6 * sum(parts) / r.records:.1f} |")
+        out += ["", "| the sink's Python writer | records | CPU s | µs per record |", "|---|---:|---:|---:|"]
         for r in runs:
             if r.python_cpu_s is not None:
                 out.append(f"| {r.store}: the executors' Python workers in the apply run at {r.max_offsets:,} | "
@@ -1212,6 +1231,9 @@ class SinksBench(Bench):
                 out.append(f"| {a.store}: the writer alone (`sinks.rows.PartitionWriter` in the bench's process) | "
                            f"{self.records:,} | {a.writer_cpu_s:.1f} | {1e6 * a.writer_cpu_s / self.records:.1f} |")
         out += ["", (
+            "Spark = the child's process group (the Python driver and the JVM: reading, parsing, the batch's own "
+            "jobs, handing rows to Python) less its Python workers; the store's server and the broker: their process "
+            "groups; all over the query. "
             "Python workers = Spark's `pyspark.daemon` and the workers it forks, in the apply child's process group, "
             "over the query (the workers that ended counted in the daemon's children's time): rows from the JVM "
             "into Python, the fold, the packing and the store's client. The writer alone: the bench process's CPU "
