@@ -27,6 +27,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sinks.json_columns import concatenated, written_by_orjson
 from sinks.versions import UNAVAILABLE_FORMS
 
 #: what the fold reads of a change row (sinks.envelope.CHANGE_COLUMNS)
@@ -54,6 +55,7 @@ LAST = pa.schema([
 _PLACEHOLDERS = tuple(orjson.loads(text) if text.startswith(("[", "{")) else text for text in UNAVAILABLE_FORMS)
 # every form holds one of these in its JSON text: a row without them has no unchanged value
 _PLACEHOLDER_TEXT = tuple(sorted({p for p in _PLACEHOLDERS if isinstance(p, str)}))
+_PLACEHOLDER_BYTES = tuple(p.encode() for p in _PLACEHOLDER_TEXT)
 
 
 def position(lsn: int | None, seq: int | None) -> str:
@@ -67,6 +69,15 @@ def canonical_key(raw: str) -> str:
     if isinstance(key, dict) and key.keys() == {"schema", "payload"}:
         key = key["payload"]
     return orjson.dumps(key).decode()
+
+
+def canonical_keys(raw: pa.ChunkedArray) -> pa.ChunkedArray | list[str]:
+    """`canonical_key` of each key: the keys as they are when they are canonical already (cdc's
+    own are), found by one parse of them all, or else one by one."""
+    texts = raw.to_pylist()
+    if not any('"payload"' in text for text in texts) and written_by_orjson(texts):
+        return raw
+    return list(map(canonical_key, texts))
 
 
 @dataclass
@@ -189,22 +200,29 @@ def fold(rows: pa.Table) -> pa.Table:
     last = rows.take(groups["_i_max"])
     tombstone = last["_cdc_tombstone"]
     upsert = pc.and_(pc.invert(tombstone), pc.fill_null(pc.not_equal(last["_cdc_op"], "d"), True))
-    toasted = pc.and_(upsert, _holds_placeholder(last["after"]))
     # a key whose last change depends on its earlier ones: a tombstone after other changes
     # (its d's position), a row with unchanged TOASTed values (the newest value before them)
-    history = pc.or_(pc.and_(tombstone, pc.greater(groups["_i_count"], 1)), toasted)
+    history = pc.and_(tombstone, pc.greater(groups["_i_count"], 1))
+    if _any_placeholder(rows["after"]):
+        history = pc.or_(history, pc.and_(upsert, _holds_placeholder(last["after"])))
     lsn = pc.if_else(tombstone, pa.scalar(None, pa.int64()), last["_cdc_lsn"])
     seq = pc.if_else(tombstone, pa.scalar(None, pa.int64()), last["_cdc_seq"])
     out = pa.table({
-        "topic": last["_cdc_topic"], "key": [canonical_key(raw) for raw in last["_cdc_key"].to_pylist()],
-        "kind": pc.if_else(upsert, "u", "d"), "lsn": lsn, "seq": seq, "pos": _positions(lsn, seq),
+        "topic": last["_cdc_topic"], "key": canonical_keys(last["_cdc_key"]),
+        "kind": pc.if_else(upsert, "u", "d"), "lsn": lsn, "seq": seq, "pos": position_texts(lsn, seq),
         "partition": last["_cdc_partition"], "offset": last["_cdc_offset"],
-        "row": pc.if_else(upsert, last["after"], pa.scalar(None, pa.string())),
-        "missing": pa.nulls(len(last), pa.list_(pa.string())).fill_null([]),
+        "row": pc.if_else(upsert, last["after"], pa.scalar(None, pa.string())), "missing": _none_missing(len(last)),
     }, schema=LAST)
     if not pc.any(history).as_py():
         return out
     return _with_history(rows, last, out, history)
+
+
+def _any_placeholder(after: pa.ChunkedArray) -> bool:
+    """Whether any row's JSON text in `after` may hold an unchanged TOASTed value: one search of
+    the text of all rows (most batches hold none, and then no row needs looking at)."""
+    text = concatenated(after)
+    return any(placeholder in text for placeholder in _PLACEHOLDER_BYTES)
 
 
 def _holds_placeholder(after: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -216,8 +234,16 @@ def _holds_placeholder(after: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.fill_null(found, False)
 
 
-def _positions(lsn: pa.ChunkedArray, seq: pa.ChunkedArray) -> list[str]:
-    return [position(*pair) for pair in zip(lsn.to_pylist(), seq.to_pylist(), strict=True)]
+def position_texts(lsn: pa.ChunkedArray, seq: pa.ChunkedArray) -> pa.ChunkedArray:
+    """`position` of each (lsn, seq) pair, '' where they are null."""
+    pairs = zip(pc.fill_null(lsn, 0).to_pylist(), pc.fill_null(seq, 0).to_pylist(), strict=True)
+    return pc.if_else(pc.is_null(lsn), "", pa.array(list(map("%016x%016x".__mod__, pairs)), pa.string()))
+
+
+def _none_missing(n: int) -> pa.Array:
+    """`n` empty lists of TOASTed columns: every offset 0 (zeros, not a list built in Python)."""
+    offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))])
+    return pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
 
 
 def _with_history(rows: pa.Table, last: pa.Table, out: pa.Table, history: pa.ChunkedArray) -> pa.Table:
