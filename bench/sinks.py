@@ -177,9 +177,9 @@ class StoreBench:
         """The process group of the store's own server (None: the store runs inside Spark)."""
         return None
 
-    def write_alone(self, config_path: Path, rows: list[tuple[Any, ...]], registry: Any) -> None:
-        """Write `rows` (sinks.latest.COLUMNS, each key's in offset order) into a new store
-        with the sink's own executor code, in the bench: no Spark."""
+    def write_alone(self, config_path: Path, rows: list[Any], registry: Any) -> None:
+        """Write `rows` (Arrow batches of sinks.latest.ROWS, each key's in offset order) into a
+        new store with the sink's own executor code, in the bench: no Spark."""
         raise NotImplementedError
 
 
@@ -324,7 +324,7 @@ class CacheBench(StoreBench):
     def server_pid(self) -> int | None:
         return self.server.pid if self.server is not None else None
 
-    def write_alone(self, config_path: Path, rows: list[tuple[Any, ...]], registry: Any) -> None:
+    def write_alone(self, config_path: Path, rows: list[Any], registry: Any) -> None:
         from cdc.config import load as load_config
         from sinks.cache import CacheStore
         from sinks.rows import PartitionWriter
@@ -402,7 +402,7 @@ class SearchBench(StoreBench):
     def server_pid(self) -> int | None:
         return self.node.pid if self.node is not None else None
 
-    def write_alone(self, config_path: Path, rows: list[tuple[Any, ...]], registry: Any) -> None:
+    def write_alone(self, config_path: Path, rows: list[Any], registry: Any) -> None:
         """The job's indexes (sinks.search.SearchStore), the executors' writer, then the refresh
         the job makes after each batch."""
         from cdc.config import load as load_config
@@ -411,9 +411,9 @@ class SearchBench(StoreBench):
 
         store = SearchStore(load_config(str(config_path)).search, PREFIX)
         store.open(resumed=False)
-        topics = sorted({row[0] for row in rows})
+        topics = sorted({topic for batch in rows for topic in batch["_cdc_topic"].unique().to_pylist()})
         store.prepare(topics, registry)
-        rejected = list(PartitionWriter(store.writer(registry), {})(iter(rows)))
+        rejected = [row for batch in PartitionWriter(store.writer(registry), {})(iter(rows)) for row in batch.to_pylist()]
         if rejected:
             raise BenchError(f"OpenSearch rejected {len(rejected):,} documents, the first: {rejected[0]}")
         store.after_batch(topics)
@@ -730,12 +730,14 @@ class SinksBench(Bench):
             time.sleep(0.02)
 
     # -- the stores' servers alone -----------------------------------------------------------
-    def backlog_rows(self) -> list[tuple[Any, ...]]:
-        """Every backlog record as the cache and search executors get it (sinks.latest.COLUMNS,
-        each topic partition's in offset order), read with confluent-kafka and parsed here."""
+    def backlog_rows(self) -> list[Any]:
+        """Every backlog record as the cache and search executors get it (Arrow batches of
+        sinks.latest.ROWS, Spark's 10,000 rows each, each topic partition's in offset order),
+        read with confluent-kafka and parsed here."""
         from confluent_kafka import Consumer, TopicPartition
 
         from compaction.table import payload_of
+        from sinks.latest import as_rows
 
         admin = TopicAdmin(TopicConfig(bootstrap_servers=self.servers))
         try:
@@ -761,13 +763,16 @@ class SinksBench(Bench):
                                  False, after))
         finally:
             consumer.close()
-        return rows
+        rows.sort(key=lambda row: (row[0], row[5], row[6]))  # whole topic partitions, as Spark hands them over
+        return as_rows(rows).to_batches(max_chunksize=10_000)
 
-    def run_alone(self, rows: list[tuple[Any, ...]], registry: Any, store: StoreBench) -> None:
+    def run_alone(self, rows: list[Any], registry: Any, store: StoreBench) -> None:
         """The store's server alone: the backlog's last change per key written by the sink's
         executor code (sinks.rows.PartitionWriter) from the bench, into a new store."""
         config = self.config(f"alone-{store.name}", store)
-        result = self.alone[store.name] = Alone(store.name, len({(r[0], r[1]) for r in rows}))
+        keys = len({(t, k) for batch in rows for t, k in zip(batch["_cdc_topic"].to_pylist(),
+                                                              batch["_cdc_key"].to_pylist(), strict=True)})
+        result = self.alone[store.name] = Alone(store.name, keys)
         self.log(f"{store.name} server alone: writing the last change of {result.keys:,} keys from the bench")
         window = CpuWindow({"server": store.server_pid}).start()
         cpu0, t0 = time.process_time(), time.monotonic()
@@ -796,13 +801,13 @@ class SinksBench(Bench):
         events: dict[str, dict[str, Any]] = {}
         window = CpuWindow({})
         python = PythonCpu()
+        server = next((s.server_pid for s in self.stores if s.name == run.store), None)
+        broker = self.broker.pid if self.broker is not None else None
         with run.log_path.open("wb") as log:
             proc = self.procs.start(f"spark {run.phase}", argv, stdout=subprocess.PIPE, stderr=log,
                                     cwd=config.parent / config.stem)
         assert proc.stdout is not None
         timeout = self.args.spark_timeout
-        server = next((s.server_pid for s in self.stores if s.name == run.store), None)
-        broker = self.broker.pid if self.broker is not None else None
         deadline = time.monotonic() + timeout
 
         def read() -> None:

@@ -28,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from cdc.config import CacheConfig, Config
 from cdc.redact import display_url
-from sinks.latest import Change
-from sinks.rows import Rejected, RowStore, RowWriter
+from sinks.json_columns import compact_json
+from sinks.rows import CHUNK_KEYS, Rejected, RowStore, RowWriter
 from sinks.store import StoreUnavailable
 from sinks.topics import is_table_topic
 from sinks.versions import Registry
@@ -158,14 +160,39 @@ def _command(*parts: bytes) -> bytes:
     return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%b\r\n" % (len(p), p) for p in parts)
 
 
+def _bulk_string(values: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """The pieces that make each value a RESP bulk string: `$<length>\r\n<value>\r\n`."""
+    values = values.cast(pa.binary())
+    return [b"$", pc.cast(pc.cast(pc.binary_length(values), pa.string()), pa.binary()), b"\r\n", values, b"\r\n"]
+
+
+def guarded_calls(keys: pa.Array | pa.ChunkedArray, kinds: pa.Array | pa.ChunkedArray,
+                  positions: pa.Array | pa.ChunkedArray, partitions: pa.Array | pa.ChunkedArray,
+                  offsets: pa.Array | pa.ChunkedArray, rows: pa.Array | pa.ChunkedArray, row_ttl_ms: int,
+                  marker_ttl_ms: int) -> list[bytes]:
+    """One call of GUARD per row `key` (`<topic>:<key JSON>`) and its position hash, packed
+    column by column: EVALSHA, GUARD_SHA, 2, the key, its hash, the kind, the position, the
+    partition, the offset, the row JSON, the TTLs."""
+    head = _command(b"EVALSHA", GUARD_SHA, b"2").replace(b"*3\r\n", b"*12\r\n", 1)
+    tail = _command(b"%d" % row_ttl_ms, b"%d" % marker_ttl_ms).split(b"\r\n", 1)[1]
+    meta = pc.binary_join_element_wise(META.encode(), keys.cast(pa.binary()), b"")
+    pieces = [
+        head, *_bulk_string(keys), *_bulk_string(meta), *_bulk_string(kinds), *_bulk_string(positions),
+        *_bulk_string(pc.cast(partitions, pa.string())), *_bulk_string(pc.cast(offsets, pa.string())),
+        *_bulk_string(rows), tail,
+    ]
+    return pc.binary_join_element_wise(*pieces, b"").to_pylist()
+
+
 def guarded(key: str, kind: str, pos: str, partition: int, offset: int, row: bytes, row_ttl_ms: int,
             marker_ttl_ms: int) -> bytes:
     """One call of GUARD on the row `key` (`<topic>:<key JSON>`) and its position hash."""
-    name = key.encode()
-    return _command(
-        b"EVALSHA", GUARD_SHA, b"2", name, META.encode() + name, kind.encode(), pos.encode(), b"%d" % partition,
-        b"%d" % offset, row, b"%d" % row_ttl_ms, b"%d" % marker_ttl_ms,
-    )
+    def one(value: Any, of: pa.DataType) -> pa.Array:
+        return pa.array([value], of)
+
+    return guarded_calls(one(key, pa.string()), one(kind, pa.string()), one(pos, pa.string()),
+                         one(partition, pa.int32()), one(offset, pa.int64()), one(row, pa.binary()), row_ttl_ms,
+                         marker_ttl_ms)[0]
 
 
 def round_trip(client: Any, commands: list[bytes], attempts: int = 6) -> list[Any]:
@@ -179,7 +206,7 @@ def round_trip(client: Any, commands: list[bytes], attempts: int = 6) -> list[An
         conn = pool.get_connection()
         try:
             conn.send_packed_command([b"".join(commands)])
-            return [conn.read_response() for _ in commands]
+            return _replies(conn, len(commands))
         except redis.exceptions.NoScriptError:
             conn.disconnect()  # the other replies are left unread
             client.script_load(GUARD)
@@ -194,6 +221,31 @@ def round_trip(client: Any, commands: list[bytes], attempts: int = 6) -> list[An
         finally:
             pool.release(conn)
     raise StoreUnavailable(f"Redis kept losing the guard script over {attempts} attempts")
+
+
+def _replies(conn: Any, count: int) -> list[int]:
+    """The replies of `count` commands that answer one line each (GUARD and SADD: an integer, or
+    an error, raised as redis-py raises it), read from the socket in bulk: redis-py's reader
+    costs microseconds a reply, more than the packing of its command (measured)."""
+    import redis
+
+    received = bytearray()
+    while received.count(b"\r\n") < count:
+        try:
+            chunk = conn._sock.recv(1 << 16)
+        except TimeoutError:
+            raise redis.TimeoutError("Timeout reading from socket") from None
+        except OSError as exc:
+            raise redis.ConnectionError(f"Error while reading from socket: {exc}") from None
+        if not chunk:
+            raise redis.ConnectionError("Connection closed by server.")
+        received += chunk
+    replies = []
+    for line in bytes(received).split(b"\r\n", count)[:count]:
+        if line[:1] != b":":
+            raise conn._parser.parse_error(line[1:].decode(errors="replace"))
+        replies.append(int(line[1:]))
+    return replies
 
 
 class CacheWriter(RowWriter):
@@ -215,21 +267,29 @@ class CacheWriter(RowWriter):
     def held(self, topic: str, keys: list[str], columns: set[str]) -> list[dict[str, Any] | None]:
         return [orjson.loads(raw) if raw else None for raw in self._client.mget([row_key(topic, k) for k in keys])]
 
-    def write(self, chunk: list[tuple[str, Change]]) -> list[Rejected]:  # Redis takes any row
-        round_trip(self._client, self._commands(chunk))
+    def write(self, changes: pa.Table) -> list[Rejected]:  # Redis takes any row
+        calls = self._calls(changes)
+        for start in range(0, changes.num_rows, CHUNK_KEYS):
+            round_trip(self._client, self._commands(changes.slice(start, CHUNK_KEYS), calls[start:start + CHUNK_KEYS]))
         return []
 
-    def _commands(self, chunk: list[tuple[str, Change]]) -> list[bytes]:
-        """The chunk's script calls, then one SADD per table of the keys it upserts."""
+    def _calls(self, changes: pa.Table) -> list[bytes]:
+        """A script call per last change (sinks.latest.LAST), packed column by column. Rows are
+        stored as compact JSON in column order (orjson's, as the events')."""
         settings = self.settings
-        commands: list[bytes] = []
+        return guarded_calls(pc.binary_join_element_wise(changes["topic"], changes["key"], ":"), changes["kind"],
+                             changes["pos"], changes["partition"], changes["offset"],
+                             pc.fill_null(compact_json(changes["row"]), b""), settings.row_ttl_ms,
+                             settings.marker_ttl_ms)
+
+    def _commands(self, chunk: pa.Table, calls: list[bytes] | None = None) -> list[bytes]:
+        """A round trip's commands: the chunk's script calls (`calls`, packed with the rest of
+        its slab, or here), then one SADD per table of the keys it upserts."""
+        commands = self._calls(chunk) if calls is None else list(calls)
         upserted: dict[str, list[bytes]] = {}
-        for topic, change in chunk:
-            if change.kind == "u":
-                upserted.setdefault(topic, []).append(change.key.encode())
-            value = orjson.dumps(change.row) if change.row is not None else b""
-            commands.append(guarded(row_key(topic, change.key), change.kind, change.pos, change.partition,
-                                    change.offset, value, settings.row_ttl_ms, settings.marker_ttl_ms))
+        for topic, key, kind in zip(*(chunk[name].to_pylist() for name in ("topic", "key", "kind")), strict=True):
+            if kind == "u":
+                upserted.setdefault(topic, []).append(key.encode())
         for topic, keys in upserted.items():
             commands.append(_command(b"SADD", keys_set(topic).encode(), *keys))
         return commands

@@ -91,8 +91,8 @@ class Client:
         data = None
         if ndjson is not None:
             data, headers["Content-Type"] = ndjson, "application/x-ndjson"
-        elif body is not None:
-            data = orjson.dumps(body)
+        elif body is not None:  # packed already (bytes), or to be
+            data = body if isinstance(body, bytes) else orjson.dumps(body)
         delay = 0.5
         for attempt in itertools.count():
             try:
@@ -167,24 +167,21 @@ def check_reachable(config: SearchConfig) -> None:
         raise ConfigError(f"{where} is not an OpenSearch REST endpoint (HTTP {status}): fix [search] url")
 
 
-@dataclass
+@dataclass(slots=True)
 class Action:
-    """One `_bulk` action and its source, with where it came from (for dead letters)."""
+    """One `_bulk` action as its lines (the action, then its source unless a delete), with
+    where it came from (for dead letters)."""
 
-    meta: dict[str, Any]
-    source: dict[str, Any] | None
+    lines: bytes
     origin: tuple[str, int, int] | None  # topic, partition, offset; None for a marker
 
-    def lines(self) -> bytes:
-        out = orjson.dumps(self.meta) + b"\n"
-        return out + orjson.dumps(self.source) + b"\n" if self.source is not None else out
 
-
-def versioned(op: str, index: str, key: str, version: int, alias: bool = True) -> dict[str, Any]:
-    """An action at a version; to an alias only (`require_alias`): a write to a missing alias
-    must fail, not create an index with a guessed mapping."""
-    meta = {"_index": index, "_id": key, "version": version, "version_type": "external_gte"}
-    return {op: {**meta, "require_alias": True} if alias else meta}
+def versioned(op: str, index: str, key: str, version: int, alias: bool = True) -> bytes:
+    """An action's line at a version; to an alias only (`require_alias`): a write to a missing
+    alias must fail, not create an index with a guessed mapping."""
+    return b'{"%b":{"_index":%b,"_id":%b,"version":%d,"version_type":"external_gte"%b}}\n' % (
+        op.encode(), orjson.dumps(index), orjson.dumps(key), version, b',"require_alias":true' if alias else b"",
+    )
 
 
 class Bulk:
@@ -193,12 +190,14 @@ class Bulk:
     a backoff, 400 (OpenSearch rejects the document: a mapping conflict) a dead letter,
     anything else fails the batch."""
 
+    #: what an item's judgement needs of OpenSearch's answer (the rest is not sent, nor parsed)
+    ANSWER = "filter_path=errors,items.*.status,items.*.error,items.*._id,items.*._index"
+
     def __init__(self, client: Client, bulk_bytes: int, refresh: str = "false") -> None:
         self.client = client
         self.bulk_bytes = bulk_bytes
         self.refresh = refresh
         self.rejected: list[tuple[str, int, int, str]] = []  # topic, partition, offset, reason
-        self.applied = 0
 
     def send(self, actions: list[Action]) -> None:
         delay = 0.5
@@ -213,35 +212,33 @@ class Bulk:
             time.sleep(delay)
             delay, actions = min(delay * 2, 10.0), retry
 
-    def _requests(self, actions: list[Action]) -> Iterator[list[tuple[Action, bytes]]]:
-        request: list[tuple[Action, bytes]] = []
+    def _requests(self, actions: list[Action]) -> Iterator[list[Action]]:
+        request: list[Action] = []
         size = 0
         for action in actions:
-            lines = action.lines()
-            if request and size + len(lines) > self.bulk_bytes:
+            if request and size + len(action.lines) > self.bulk_bytes:
                 yield request
                 request, size = [], 0
-            request.append((action, lines))
-            size += len(lines)
+            request.append(action)
+            size += len(action.lines)
         if request:
             yield request
 
-    def _judge(self, request: list[tuple[Action, bytes]]) -> list[Action]:
-        query = f"?refresh={self.refresh}" if self.refresh in ("true", "wait_for") else ""
-        status, answer = self.client.request("POST", f"/_bulk{query}", ndjson=b"".join(lines for _, lines in request))
+    def _judge(self, request: list[Action]) -> list[Action]:
+        query = f"&refresh={self.refresh}" if self.refresh in ("true", "wait_for") else ""
+        status, answer = self.client.request("POST", f"/_bulk?{self.ANSWER}{query}",
+                                             ndjson=b"".join(action.lines for action in request))
         if status >= 300:
             raise RuntimeError(f"{self.client.where}: _bulk: HTTP {status} {reason(answer)}")
+        if answer.get("errors") is False:
+            return []
         retry = []
-        for (action, _), item in zip(request, answer["items"], strict=True):
+        for action, item in zip(request, answer["items"], strict=True):
             op, result = next(iter(item.items()))
             code = result["status"]
-            if code < 300:
-                self.applied += 1
-            elif code == 409:  # a stale write, skipped
-                continue
-            elif code == 404 and op == "delete":
-                continue
-            elif code in RETRIABLE or code >= 500:
+            if code < 300 or code == 409 or (code == 404 and op == "delete"):
+                continue  # done; a stale write skipped; nothing to delete
+            if code in RETRIABLE or code >= 500:
                 retry.append(action)
             elif code == 400 and action.origin is not None:
                 self.rejected.append((*action.origin, f"OpenSearch rejected the document: {reason(result)}"))

@@ -1,29 +1,39 @@
 """Stores of the events' JSON (the cache, the search index): what they share.
 
-The job hands every table of a batch to the executors in one pass; on each Spark partition
-the `PartitionWriter` folds each key's changes into its last one (sinks.latest), drops
-those at or below their table's newest truncate, fills unchanged TOASTed values the batch
-lacks from the row the store holds, and gives the store chunks of last changes to write.
-A truncate walks the positions the store holds and deletes what is below it, through the
-same writes (a delete leaves the store's marker at the truncate's position).
+The job hands every table of a batch to the executors in one pass, as Arrow batches
+(`mapInArrow`: no row is pickled); on each Spark partition the `PartitionWriter` folds each
+key's changes into its last one (sinks.latest.fold, over the columns), drops those at or
+below their table's newest truncate, fills unchanged TOASTed values the batch lacks from the
+row the store holds, and gives the store chunks of last changes (sinks.latest.LAST) to
+write. What the store refused comes back as Arrow rows too. A truncate walks the positions
+the store holds and deletes what is below it, through the same writes (a delete leaves the
+store's marker at the truncate's position).
 """
 
 from __future__ import annotations
 
-import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pyspark.sql import DataFrame, Row
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
 
-from sinks.latest import COLUMNS, Change, last_changes, position
+from sinks.latest import COLUMNS, changes_table, fold, position
 from sinks.store import Store, Truncate
 from sinks.versions import Registry
 
 #: (topic, partition, offset, reason) of a record the store refused: a dead letter
 Rejected = tuple[str, int, int, str]
-CHUNK_KEYS = 1000  # last changes per chunk: one look-up and one write round trip each
+#: Rejected as the executors hand them back to the driver
+REJECTED = pa.schema([("_cdc_topic", pa.string()), ("_cdc_partition", pa.int32()), ("_cdc_offset", pa.int64()),
+                      ("_reason", pa.string())])
+CHUNK_KEYS = 1000  # last changes per round trip: one look-up and one write each
+#: last changes packed at once: a column operation costs per call as well as per value, so a
+#: slab of many round trips' worth (measured: per chunk of 1,000 the calls cost as much as the values)
+SLAB_KEYS = 20 * CHUNK_KEYS
 
 
 class RowWriter(ABC):
@@ -41,10 +51,11 @@ class RowWriter(ABC):
         (None for a key it does not hold)."""
 
     @abstractmethod
-    def write(self, chunk: list[tuple[str, Change]]) -> list[Rejected]:
-        """Apply each (topic, last change) over a lower position the store holds for its key
-        (a lone tombstone, without a position, over a lower offset of its partition); a
-        delete leaves a marker at its position. What the store refused, for the dead letters."""
+    def write(self, changes: pa.Table) -> list[Rejected]:
+        """Apply each last change of `changes` (sinks.latest.LAST, at most SLAB_KEYS) over a
+        lower position the store holds for its key (a lone tombstone, without a position, over
+        a lower offset of its partition), in round trips of at most CHUNK_KEYS; a delete leaves
+        a marker at its position. What the store refused, for the dead letters."""
 
     @abstractmethod
     def positions(self, topic: str) -> Iterator[list[tuple[str, str]]]:
@@ -71,9 +82,11 @@ class RowStore(Store):
         writer.open()
         try:
             for chunk in writer.positions(topic):
-                below = [(topic, Change(key, "d", lsn, seq, -1, -1)) for key, pos in chunk if pos < cut]
-                if below:
-                    writer.write(below)
+                deletes: list[tuple[Any, ...]] = [
+                    (topic, key, "d", lsn, seq, -1, -1, None, []) for key, pos in chunk if pos < cut
+                ]
+                if deletes:
+                    writer.write(changes_table(deletes))
         finally:
             writer.close()
 
@@ -82,49 +95,88 @@ class RowStore(Store):
         executors; what the store refused."""
         writer = PartitionWriter(self.writer(registry), {t: position(*c) for t, c in cuts.items()})
         # a key's changes meet in one Spark partition, in offset order (sinks.latest)
-        return rows.select(*COLUMNS).rdd.mapPartitions(writer).collect()
+        rejected = map_in_arrow(rows.select(*COLUMNS), writer, REJECTED).collect()
+        return [(r[0], r[1], r[2], r[3]) for r in rejected]
+
+
+def map_in_arrow(frame: DataFrame, func: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+                 schema: pa.Schema) -> DataFrame:
+    """`DataFrame.mapInArrow` without pandas: pyspark 4.2 builds its function through
+    `pandas_udf`, which demands pandas on the driver although neither side uses it (Spark
+    fixed it for its Arrow UDFs, SPARK-53059, not for mapInArrow yet). The same plan, the
+    function declared as what it is (an Arrow batch map); the executors need pyarrow only."""
+    from pyspark.sql.udf import _create_udf
+    from pyspark.util import PythonEvalType
+
+    ddl = ", ".join(f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in schema)
+    udf = _create_udf(func, ddl, PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+    column = udf(*[frame[name] for name in frame.columns])
+    return DataFrame(frame._jdf.mapInArrow(column._jc, False, None), frame.sparkSession)
+
+
+_SPARK_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "bigint"}
 
 
 class PartitionWriter:
-    """One Spark partition's changes into the store (runs on an executor)."""
+    """One Spark partition's changes into the store (runs on an executor): Arrow batches of
+    change rows (sinks.latest.ROWS) in, Arrow batches of what the store refused (REJECTED) out."""
 
     def __init__(self, writer: RowWriter, cuts: dict[str, str]) -> None:
         self.writer = writer
         self.cuts = cuts  # topic -> its newest truncate's position text
 
-    def __call__(self, rows: Iterable[Row | tuple]) -> Iterator[Rejected]:
-        changes = self.above_cuts(last_changes(rows))
-        first = next(changes, None)
-        if first is None:  # most partitions of a batch hold other tables' records, or none
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = [batch for batch in batches if batch.num_rows]  # a key's changes may span batches
+        if not received:  # most partitions of a batch hold other tables' records, or none
             return
-        changes = itertools.chain([first], changes)
+        changes = self.above_cuts(fold(pa.Table.from_batches(received)))
+        if not changes.num_rows:
+            return
         writer = self.writer
+        rejected: list[Rejected] = []
         writer.open()
         try:
-            while chunk := list(itertools.islice(changes, CHUNK_KEYS)):
-                self.fill_toasted(chunk)
-                yield from writer.write(chunk)
+            for start in range(0, changes.num_rows, SLAB_KEYS):
+                rejected += writer.write(self.fill_toasted(changes.slice(start, SLAB_KEYS)))
         finally:
             writer.close()
+        if rejected:
+            yield pa.RecordBatch.from_pylist([dict(zip(REJECTED.names, r, strict=True)) for r in rejected],
+                                             schema=REJECTED)
 
-    def above_cuts(self, changes: Iterator[tuple[str, Change]]) -> Iterator[tuple[str, Change]]:
+    def above_cuts(self, changes: pa.Table) -> pa.Table:
         """Changes above their table's newest truncate (a lone tombstone stays: deleting is safe)."""
-        cuts = self.cuts
-        for topic, change in changes:
-            cut = cuts.get(topic)
-            if cut is None or change.lsn is None or change.pos > cut:
-                yield topic, change
+        below = None
+        for topic, cut in self.cuts.items():
+            mask = pc.and_(pc.equal(changes["topic"], topic), pc.less_equal(changes["pos"], cut))
+            below = mask if below is None else pc.or_(below, mask)
+        if below is None:
+            return changes
+        lone = pc.is_null(changes["lsn"])
+        return changes.filter(pc.or_(lone, pc.invert(below)))
 
-    def fill_toasted(self, chunk: list[tuple[str, Change]]) -> None:
-        """Unchanged TOASTed values the batch did not have: the held row's (null without one)."""
-        by_topic: dict[str, list[Change]] = {}
-        for topic, change in chunk:
-            if change.missing:
-                by_topic.setdefault(topic, []).append(change)
-        for topic, changes in by_topic.items():
-            columns = {name for change in changes for name in change.missing}
-            held = self.writer.held(topic, [c.key for c in changes], columns)
-            for change, row in zip(changes, held, strict=True):
-                assert change.row is not None
-                for name in change.missing:
-                    change.row[name] = (row or {}).get(name)
+    def fill_toasted(self, changes: pa.Table) -> pa.Table:
+        """Unchanged TOASTed values the batch did not have: the held row's (null without one),
+        read CHUNK_KEYS at a time."""
+        needs = pc.greater(pc.list_value_length(changes["missing"]), 0)
+        if not pc.any(needs).as_py():
+            return changes
+        rows = changes["row"].to_pylist()
+        by_topic: dict[str, list[int]] = {}
+        for i in pc.indices_nonzero(needs).to_pylist():
+            by_topic.setdefault(changes["topic"][i].as_py(), []).append(i)
+        missing = changes["missing"].to_pylist()
+        keys = changes["key"].to_pylist()
+        for topic, wanted in by_topic.items():
+            for start in range(0, len(wanted), CHUNK_KEYS):
+                self._fill(topic, wanted[start:start + CHUNK_KEYS], keys, rows, missing)
+        return changes.set_column(changes.schema.get_field_index("row"), "row", pa.array(rows, pa.string()))
+
+    def _fill(self, topic: str, places: list[int], keys: list[str], rows: list[str], missing: list[list[str]]) -> None:
+        columns = {name for i in places for name in missing[i]}
+        held = self.writer.held(topic, [keys[i] for i in places], columns)
+        for i, found in zip(places, held, strict=True):
+            row = orjson.loads(rows[i])
+            for name in missing[i]:
+                row[name] = (found or {}).get(name)
+            rows[i] = orjson.dumps(row).decode()

@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from cdc.config import Config, ConfigError, SearchConfig
-from sinks.latest import Change
+from sinks.json_columns import compact_json, concatenated, json_strings
 from sinks.opensearch import (
     Action,
     Bulk,
@@ -86,8 +88,8 @@ class Settings:
 
 
 def marker(alias: str, key: str, version: int, pos: str, now_ms: int) -> Action:
-    return Action(versioned("index", markers_name(alias), key, version, alias=False), {"at": now_ms, "pos": pos},
-                  None)
+    return Action(versioned("index", markers_name(alias), key, version, alias=False)
+                  + orjson.dumps({"at": now_ms, "pos": pos}) + b"\n", None)
 
 
 def _stored_position(doc: dict[str, Any]) -> str:
@@ -123,45 +125,82 @@ class SearchWriter(RowWriter):
         found = self.client.ok("POST", "/_mget", {"docs": docs})["docs"]
         return [doc.get("_source") if doc.get("found") else None for doc in found]
 
-    def write(self, chunk: list[tuple[str, Change]]) -> list[Rejected]:
+    def write(self, changes: pa.Table) -> list[Rejected]:
         bulk = self.settings.bulk(self.client)
-        bulk.send(self._actions(chunk))
+        for actions in self._actions(changes):
+            bulk.send(actions)
         return bulk.rejected
 
-    def _actions(self, chunk: list[tuple[str, Change]]) -> list[Action]:
-        """The chunk's actions: one look-up of the markers (and of the documents tombstones
-        without a position delete)."""
-        aliases = {topic: alias_name(topic) for topic in {t for t, _ in chunk}}
+    #: what `_actions` reads of each `_mget` answer (the rest is not sent, nor parsed)
+    LOOKUP = "/_mget?filter_path=docs.found,docs._version,docs._source,docs.fields,docs.error"
+
+    def _actions(self, changes: pa.Table) -> Iterator[list[Action]]:
+        """The actions of `changes` (sinks.latest.LAST), CHUNK_KEYS changes at a time, each
+        chunk after one look-up of its markers (and, after them, of the documents that
+        tombstones without a position delete). The look-ups, and the upserts of tables whose
+        rows need no converting, are packed column by column for all of `changes` first."""
+        topics, keys, kinds, lsns, positions, partitions, offsets = (
+            changes[name].to_pylist() for name in ("topic", "key", "kind", "lsn", "pos", "partition", "offset")
+        )
+        names = sorted(set(topics))
+        aliases = {topic: alias_name(topic) for topic in names}
         targets = {topic: self.settings.target(alias) for topic, alias in aliases.items()}
-        docs: list[dict[str, Any]] = []
-        for topic, change in chunk:
-            docs.append({"_index": markers_name(aliases[topic]), "_id": change.key, "_source": ["pos"]})
-            if change.lsn is None:
-                docs.append({"_index": targets[topic], "_id": change.key, "_source": False,
-                             "stored_fields": [POSITION]})
-        found = iter(self.client.ok("POST", "/_mget", {"docs": docs})["docs"])
-        now_ms = int(time.time() * 1000)
-        actions = []
-        for topic, change in chunk:
-            held = next(found)
-            marked = (held["_version"], held["_source"]["pos"]) if held.get("found") else None
-            alias, target, origin = aliases[topic], targets[topic], (topic, change.partition, change.offset)
-            if change.kind == "u":
-                assert change.lsn is not None and change.row is not None
-                if marked is not None and marked[1] >= change.pos:
-                    continue  # deleted at this position or a later one: a replay must not bring it back
-                source = self.documents.source(topic, change.lsn, change.row, change.pos)
-                actions.append(Action(versioned("index", target, change.key, change.lsn), source, origin))
-                continue
-            version, pos = change.lsn, change.pos
-            if version is None:  # a tombstone whose d was compacted away: delete what is there
-                doc = next(found)
-                if not doc.get("found"):
+        which = pc.index_in(changes["topic"], value_set=pa.array(names, pa.string()))
+
+        def per_topic(value: dict[str, str]) -> pa.ChunkedArray:
+            return pc.take(pa.array([orjson.dumps(value[topic]) for topic in names], pa.binary()), which)
+
+        ids = json_strings(changes["key"])
+        lookups = pc.binary_join_element_wise(
+            b',{"_index":', per_topic({t: markers_name(a) for t, a in aliases.items()}), b',"_id":', ids,
+            b',"_source":["pos"]}', b"",
+        )
+        rows = compact_json(changes["row"])
+        plain = pc.and_(
+            pc.is_in(changes["topic"], value_set=pa.array([t for t in names if self.documents.plain(t)], pa.string())),
+            pc.fill_null(pc.greater(pc.binary_length(rows), 2), False),
+        )
+        upserts = pc.if_else(plain, pc.binary_join_element_wise(
+            b'{"index":{"_index":', per_topic(targets), b',"_id":', ids, b',"version":',
+            pc.cast(pc.cast(changes["lsn"], pa.string()), pa.binary()),
+            b',"version_type":"external_gte","require_alias":true}}\n', pc.binary_slice(rows, 0, -1),
+            b',"%b":"' % POSITION.encode(), changes["pos"].cast(pa.binary()), b'"}\n', b"",
+        ), pa.scalar(None, pa.binary())).to_pylist()
+        row_texts = rows.to_pylist() if None in upserts else []
+        for start in range(0, len(topics), CHUNK_KEYS):
+            stop = min(len(topics), start + CHUNK_KEYS)
+            lone = [i for i in range(start, stop) if lsns[i] is None]  # tombstones without a position
+            docs = b"".join(
+                b',{"_index":%b,"_id":%b,"_source":false,"stored_fields":["%b"]}'
+                % (orjson.dumps(targets[topics[i]]), orjson.dumps(keys[i]), POSITION.encode()) for i in lone
+            )
+            body = b'{"docs":[' + (concatenated(lookups.slice(start, stop - start)) + docs)[1:] + b"]}"
+            found = self.client.ok("POST", self.LOOKUP, body)["docs"]
+            held = dict(zip(lone, found[stop - start:], strict=True))
+            now_ms = int(time.time() * 1000)
+            actions = []
+            for i, marker_doc in zip(range(start, stop), found, strict=False):
+                topic, key, kind, lsn, pos = topics[i], keys[i], kinds[i], lsns[i], positions[i]
+                marked = (marker_doc["_version"], marker_doc["_source"]["pos"]) if marker_doc.get("found") else None
+                target, origin = targets[topic], (topic, partitions[i], offsets[i])
+                if kind == "u":
+                    if marked is not None and marked[1] >= pos:
+                        continue  # deleted at this position or a later one: a replay must not bring it back
+                    lines = upserts[i]
+                    if lines is None:  # a row with columns to convert
+                        document = orjson.dumps(self.documents.source(topic, lsn, orjson.loads(row_texts[i]), pos))
+                        lines = versioned("index", target, key, lsn) + document + b"\n"
+                    actions.append(Action(lines, origin))
                     continue
-                version, pos = max((doc["_version"], _stored_position(doc)), marked or (0, ""))
-            actions.append(Action(versioned("delete", target, change.key, version), None, origin))
-            actions.append(marker(alias, change.key, version, pos, now_ms))
-        return actions
+                version = lsn
+                if version is None:  # a tombstone whose d was compacted away: delete what is there
+                    doc = held[i]
+                    if not doc.get("found"):
+                        continue
+                    version, pos = max((doc["_version"], _stored_position(doc)), marked or (0, ""))
+                actions.append(Action(versioned("delete", target, key, version), origin))
+                actions.append(marker(aliases[topic], key, version, pos, now_ms))
+            yield actions
 
     def positions(self, topic: str) -> Iterator[list[tuple[str, str]]]:
         target = self.settings.target(alias_name(topic))

@@ -174,6 +174,13 @@ class Documents:
             self._plans[(topic, version.from_lsn)] = plan
         return plan
 
+    def plain(self, topic: str) -> bool:
+        """Whether every version of the table takes its rows as they are (no column to convert,
+        none named like the position): a document is then the row's JSON with the position
+        added (sinks.search packs those column by column)."""
+        return not any(c.name == POSITION or _converter(c.connect) is not None
+                       for version in self.registry.versions(topic) for c in version.columns)
+
     def source(self, topic: str, lsn: int, row: dict[str, Any], position: str) -> dict[str, Any]:
         """The document of a row written at `position` (its commit LSN `lsn`)."""
         for name, convert in self._plan(topic, lsn).items():

@@ -20,7 +20,7 @@ from cdc.redact import display_url
 from compaction.reader import read_topic
 from compaction.table import build
 from sinks.cache import CacheWriter, Settings, guarded, round_trip
-from sinks.latest import COLUMNS, canonical_key, last_changes, position
+from sinks.latest import COLUMNS, as_rows, canonical_key, fold, position
 from sinks.rows import PartitionWriter
 from tests.support import (
     Sink,
@@ -200,14 +200,14 @@ def test_the_writer_packs_its_own_commands_and_reloads_a_lost_script(redis_serve
         return sorted(out, key=lambda r: r[6])  # a topic partition arrives in offset order
 
     writer = CacheWriter(Settings(redis_server.url, "", "", 60_000, 0))
-    list(PartitionWriter(writer, {})(iter(rows((1, "c", 1, {"id": 1, "s": "a\r\nb é"}), (2, "c", 2, {"id": 2}),
-                                               (2, "d", 3, None)))))
+    list(PartitionWriter(writer, {})(as_rows(rows((1, "c", 1, {"id": 1, "s": "a\r\nb é"}), (2, "c", 2, {"id": 2}),
+                                                  (2, "d", 3, None))).to_batches()))
     assert orjson.loads(client.get(f'{topic}:{{"id":1}}')) == {"id": 1, "s": "a\r\nb é"}
     assert client.get(f'{topic}:{{"id":2}}') is None and client.hget(f'__cdc:{topic}:{{"id":2}}', "del") == b"1"
     assert client.smembers(f"__cdc:{topic}:keys") == {b'{"id":1}'}  # the keys a truncate walks: rows held
     # a Redis that lost its scripts (a restart, SCRIPT FLUSH) gets the guard again, the chunk is replayed
     client.script_flush()
-    chunk = list(last_changes(rows((3, "c", 4, {"id": 3}), (1, "u", 5, {"id": 1, "s": "z"}))))
+    chunk = fold(as_rows(rows((3, "c", 4, {"id": 3}), (1, "u", 5, {"id": 1, "s": "z"}))))
     round_trip(client, writer._commands(chunk))
     assert orjson.loads(client.get(f'{topic}:{{"id":3}}')) == {"id": 3}
     assert orjson.loads(client.get(f'{topic}:{{"id":1}}')) == {"id": 1, "s": "z"}

@@ -201,12 +201,12 @@ def _event(key: str, offset: int, op: str | None, after: dict | None = None, lsn
     return tuple(row[name] for name in COLUMNS)
 
 
-def test_the_cache_keeps_the_last_change_of_each_key_with_toasted_values_carried() -> None:
-    from sinks.latest import last_changes, position
-    from sinks.versions import TOAST_PLACEHOLDER
+def _toast_rows() -> list[tuple]:
+    """A TOASTed value carried from an earlier update and one the batch lacks, a d and its
+    tombstone, a lone tombstone."""
+    from sinks.versions import TOAST_PLACEHOLDER as unchanged
 
-    unchanged = TOAST_PLACEHOLDER
-    rows = [
+    return [
         _event('{"id":1}', 1, "c", {"id": 1, "body": "long", "n": 0}, lsn=10),
         _event('{"id":1}', 2, "u", {"id": 1, "body": unchanged, "n": 1}, lsn=11),
         _event('{"id":2}', 3, "u", {"id": 2, "body": unchanged, "n": 5}, lsn=12),  # body: from the cache
@@ -214,6 +214,33 @@ def test_the_cache_keeps_the_last_change_of_each_key_with_toasted_values_carried
         _event('{"id":3}', 5, None),  # the d's tombstone: the d's position
         _event('{"id":4}', 6, None),  # a lone tombstone: no position
     ]
+
+
+def _interleaved_rows(schema_key: bool = False) -> list[tuple]:
+    """Topic partition 0 of t, then topic partition 1 of t, then one of u (whose key carries its
+    schema, or a space): keys interleaved within each."""
+    from sinks.versions import TOAST_PLACEHOLDER
+
+    u_key = '{"schema":{"type":"struct"},"payload":{"id": 1}}' if schema_key else '{"id": 1}'
+    return [
+        _event('{"id":2}', 1, "c", {"id": 2, "body": "first", "n": 0}, lsn=10),
+        _event('{"id":1}', 2, "c", {"id": 1, "body": "x", "n": 0}, lsn=10),
+        _event('{"id":2}', 3, "u", {"id": 2, "body": TOAST_PLACEHOLDER, "n": 1}, lsn=11),
+        _event('{"id":1}', 4, "d", lsn=12),
+        _event('{"id":2}', 5, "u", {"id": 2, "body": "second", "n": 2}, lsn=13),
+        _event('{"id":1}', 6, None),  # the d's tombstone, after another key's change
+        _event('{"id":3}', 1, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 7}, lsn=12, partition=1),
+        _event(u_key, 1, "c", {"id": 1, "body": "u's", "n": 9}, lsn=14, topic="p.public.u"),
+        _event('{"id":3}', 2, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 8}, lsn=13, partition=1),
+    ]
+
+
+def test_the_cache_keeps_the_last_change_of_each_key_with_toasted_values_carried() -> None:
+    from sinks.latest import last_changes, position
+    from sinks.versions import TOAST_PLACEHOLDER
+
+    unchanged = TOAST_PLACEHOLDER
+    rows = _toast_rows()
     out = [(t, c.key, c.kind, c.pos, c.row, c.missing) for t, c in last_changes(rows)]
     assert out == [
         ("p.public.t", '{"id":1}', "u", position(11, 11), {"id": 1, "body": "long", "n": 1}, ()),
@@ -229,17 +256,7 @@ def test_the_fold_takes_each_partition_in_arrival_order_without_a_sort() -> None
     from sinks.latest import last_changes, position
     from sinks.versions import TOAST_PLACEHOLDER
 
-    rows = [  # topic partition 0 of t, then topic partition 1 of t, then one of u
-        _event('{"id":2}', 1, "c", {"id": 2, "body": "first", "n": 0}, lsn=10),
-        _event('{"id":1}', 2, "c", {"id": 1, "body": "x", "n": 0}, lsn=10),
-        _event('{"id":2}', 3, "u", {"id": 2, "body": TOAST_PLACEHOLDER, "n": 1}, lsn=11),
-        _event('{"id":1}', 4, "d", lsn=12),
-        _event('{"id":2}', 5, "u", {"id": 2, "body": "second", "n": 2}, lsn=13),
-        _event('{"id":1}', 6, None),  # the d's tombstone, after another key's change
-        _event('{"id":3}', 1, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 7}, lsn=12, partition=1),
-        _event('{"id": 1}', 1, "c", {"id": 1, "body": "u's", "n": 9}, lsn=14, topic="p.public.u"),
-        _event('{"id":3}', 2, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 8}, lsn=13, partition=1),
-    ]
+    rows = _interleaved_rows()
     out = [(t, c.key, c.kind, c.pos, c.offset, c.row, c.missing) for t, c in last_changes(rows)]
     assert out == [
         ("p.public.t", '{"id":2}', "u", position(13, 13), 5, {"id": 2, "body": "second", "n": 2}, ()),
@@ -260,11 +277,15 @@ def test_the_fold_refuses_a_topic_partition_out_of_offset_order() -> None:
 
 
 def _folded(rows: list[tuple]) -> list[tuple]:
-    """The Arrow fold of `rows` (as Spark hands them to the writers), a tuple per key."""
+    """The Arrow fold of `rows` as Spark hands them to the writers (in batches, here of 4 rows),
+    a tuple per key."""
+    import pyarrow as pa
+
     from sinks.latest import as_rows, fold
 
+    batches = pa.Table.from_batches(as_rows(rows).to_batches(max_chunksize=4))
     return [(c["topic"], c["key"], c["kind"], c["pos"], c["offset"], None if c["row"] is None else orjson.loads(c["row"]),
-             tuple(c["missing"])) for c in fold(as_rows(rows)).to_pylist()]
+             tuple(c["missing"])) for c in fold(batches).to_pylist()]
 
 
 def test_the_arrow_fold_carries_toasted_values_and_keeps_a_tombstones_position() -> None:
@@ -272,14 +293,7 @@ def test_the_arrow_fold_carries_toasted_values_and_keeps_a_tombstones_position()
     from sinks.versions import TOAST_PLACEHOLDER
 
     unchanged = TOAST_PLACEHOLDER
-    rows = [
-        _event('{"id":1}', 1, "c", {"id": 1, "body": "long", "n": 0}, lsn=10),
-        _event('{"id":1}', 2, "u", {"id": 1, "body": unchanged, "n": 1}, lsn=11),
-        _event('{"id":2}', 3, "u", {"id": 2, "body": unchanged, "n": 5}, lsn=12),  # body: from the cache
-        _event('{"id":3}', 4, "d", lsn=13),
-        _event('{"id":3}', 5, None),  # the d's tombstone: the d's position
-        _event('{"id":4}', 6, None),  # a lone tombstone: no position
-    ]
+    rows = _toast_rows()
     assert _folded(rows) == [
         ("p.public.t", '{"id":1}', "u", position(11, 11), 2, {"id": 1, "body": "long", "n": 1}, ()),
         ("p.public.t", '{"id":2}', "u", position(12, 12), 3, {"id": 2, "body": unchanged, "n": 5}, ("body",)),
@@ -294,18 +308,7 @@ def test_the_arrow_fold_takes_interleaved_keys_in_arrival_order() -> None:
     from sinks.latest import position
     from sinks.versions import TOAST_PLACEHOLDER
 
-    rows = [  # topic partition 0 of t, then topic partition 1 of t, then one of u
-        _event('{"id":2}', 1, "c", {"id": 2, "body": "first", "n": 0}, lsn=10),
-        _event('{"id":1}', 2, "c", {"id": 1, "body": "x", "n": 0}, lsn=10),
-        _event('{"id":2}', 3, "u", {"id": 2, "body": TOAST_PLACEHOLDER, "n": 1}, lsn=11),
-        _event('{"id":1}', 4, "d", lsn=12),
-        _event('{"id":2}', 5, "u", {"id": 2, "body": "second", "n": 2}, lsn=13),
-        _event('{"id":1}', 6, None),  # the d's tombstone, after another key's change
-        _event('{"id":3}', 1, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 7}, lsn=12, partition=1),
-        _event('{"schema":{"type":"struct"},"payload":{"id": 1}}', 1, "c", {"id": 1, "body": "u's", "n": 9}, lsn=14,
-               topic="p.public.u"),
-        _event('{"id":3}', 2, "u", {"id": 3, "body": TOAST_PLACEHOLDER, "n": 8}, lsn=13, partition=1),
-    ]
+    rows = _interleaved_rows(schema_key=True)
     assert _folded(rows) == [
         ("p.public.t", '{"id":2}', "u", position(13, 13), 5, {"id": 2, "body": "second", "n": 2}, ()),
         ("p.public.t", '{"id":1}', "d", position(12, 12), 6, None, ()),
@@ -347,6 +350,181 @@ def test_the_arrow_fold_equals_the_row_fold_on_random_batches() -> None:
                 rows.append(_event(key, offset, op, after if op in ("c", "u") else None, lsn, topic, partition))
         expected = [(t, c.key, c.kind, c.pos, c.offset, c.row, c.missing) for t, c in last_changes(rows)]
         assert _folded(rows) == expected
+
+
+def test_a_partition_writer_drops_changes_at_or_below_their_tables_truncate() -> None:
+    from sinks.latest import as_rows, fold, position
+    from sinks.rows import PartitionWriter
+
+    rows = [
+        _event('{"id":1}', 1, "u", {"id": 1}, lsn=10),
+        _event('{"id":2}', 2, "u", {"id": 2}, lsn=20),  # the truncate's own position: dropped
+        _event('{"id":3}', 3, "u", {"id": 3}, lsn=30),
+        _event('{"id":4}', 4, None),  # a lone tombstone: deleting is safe
+        _event('{"id":1}', 1, "u", {"id": 1}, lsn=5, topic="p.public.u"),  # another table
+    ]
+    writer = PartitionWriter(None, {"p.public.t": position(20, 20)})  # the cut alone: no store
+    kept = writer.above_cuts(fold(as_rows(rows)))
+    assert list(zip(kept["topic"].to_pylist(), kept["key"].to_pylist(), strict=True)) == [
+        ("p.public.t", '{"id":3}'), ("p.public.t", '{"id":4}'), ("p.public.u", '{"id":1}'),
+    ]
+
+
+def test_json_packed_column_by_column_is_what_orjson_writes_value_by_value() -> None:
+    """The writers pack rows, keys and positions a column at a time; the bytes must be orjson's
+    for each value alone, whatever Spark's parser made of the text (1.0E300, \\uD83D escapes)."""
+    import pyarrow as pa
+
+    from sinks.json_columns import compact_json, concatenated, json_strings
+    from sinks.latest import canonical_keys, position, position_texts
+
+    ours = [orjson.dumps(v).decode() for v in ({"id": 1, "s": "a\r\nb é"}, {"id": 2, "f": 1.5, "t": None})]
+    assert compact_json(pa.chunked_array([ours + [None]])).to_pylist() == [o.encode() for o in ours] + [None]
+    sparks = ['{"f":1.0E300,"u":"\\uD83D\\uDE00","n":12345678901234567890}', '{"id": 3}', *ours]
+    assert compact_json(pa.chunked_array([sparks])).to_pylist() == [orjson.dumps(orjson.loads(t)) for t in sparks]
+    keys = [orjson.dumps(k).decode() for k in ({"id": 1}, {"k": 'a"b\\c\n\x01\x7f é \u2028 😀'}, {"t": "x", "n": [1.5]})]
+    assert json_strings(pa.chunked_array([keys])).to_pylist() == [orjson.dumps(k) for k in keys]
+    raw = pa.chunked_array([keys])
+    assert canonical_keys(raw) is raw  # canonical already: the keys as they came
+    odd = ['{"id": 1}', '{"schema":{"type":"struct"},"payload":{"id":2}}', '{"payload":7}']
+    assert canonical_keys(pa.chunked_array([odd])) == ['{"id":1}', '{"id":2}', '{"payload":7}']
+    texts = pa.array(["ab", None, "", "cde", "f"]).slice(1, 3)  # a slice shares its array's buffers
+    assert concatenated(pa.chunked_array([texts, pa.array(["g"])])) == b"cdeg"
+    lsn, seq = pa.chunked_array([[1, None, 2**40]]), pa.chunked_array([[2, None, 7]])
+    assert position_texts(lsn, seq).to_pylist() == [position(1, 2), "", position(2**40, 7)]
+
+
+def test_row_json_of_every_column_type_is_packed_as_orjson_writes_each_row() -> None:
+    """Rows holding every kind of value the stores take (Debezium's PostgreSQL mapping: NUMERIC
+    as a string, timestamps as epoch numbers and ISO text, arrays, json as text, bytea as
+    base64, TOAST placeholders in each form), as cdc's events spell them and as Spark's parser
+    writes them again: packed a column at a time, each is the bytes orjson gives it alone."""
+    import pyarrow as pa
+
+    from sinks.json_columns import compact_json, written_by_orjson
+    from sinks.versions import UNAVAILABLE_FORMS
+
+    placeholders = [orjson.loads(text) if text.startswith(("[", "{")) else text for text in UNAVAILABLE_FORMS]
+    values = [
+        {"id": 1, "price": "12.50", "big": "-99999999999999999999.000001", "n": 2**63 - 1, "m": -(2**63)},
+        {"ts": 1_700_000_000_123_456, "tstz": "2024-02-29T23:59:59.999999Z", "d": 19782, "t": 45_296_000_000,
+         "iv": 93784000000},
+        {"ints": [1, None, 3], "texts": ["a", "b\"c", None], "nested": [[1.5, -0.0], []], "empty": []},
+        {"j": '{"a": [1, 2], "b": null}', "jb": '{"k":"v"}', "parsed": {"a": [1, {"b": None}]}},
+        {"raw": "3q2+7w==", "none": None, "bool": True, "f": 1e300, "g": -2.5e-8, "h": 0.1},
+        {"s": "é 😀 \u2028 \r\n\t \x01 \x7f </script>", "quote": '"', "slash": "\\/"},
+        *({"id": i, "body": placeholder} for i, placeholder in enumerate(placeholders)),
+    ]
+    ours = [orjson.dumps(v).decode() for v in values]
+    assert written_by_orjson(ours)
+    assert compact_json(pa.chunked_array([ours + [None]])).to_pylist() == [o.encode() for o in ours] + [None]
+    # Spark's JSON writer: exponents, escapes and spaces orjson does not write; any one of them
+    # makes the column be written again, and every row comes out as orjson writes its value
+    sparks = [
+        '{"f":1.0E300,"g":-2.5E-8,"h":0.1}', '{"s":"\\u00e9\\uD83D\\uDE00","slash":"\\/"}',
+        '{ "id" : 1 , "a" : [ 1 , 2 ] }', '{"price":"12.50","ts":1700000000123456}',
+    ]
+    assert not written_by_orjson(sparks[:1])
+    texts = [*ours, *sparks, None]
+    expected = [None if t is None else orjson.dumps(orjson.loads(t)) for t in texts]
+    assert compact_json(pa.chunked_array([texts[:5], texts[5:]])).to_pylist() == expected
+    assert compact_json(pa.array(texts)).to_pylist() == expected
+
+
+def test_a_partition_writer_fills_toasted_values_from_the_store_and_hands_back_what_it_refused() -> None:
+    """Batches of a partition in, one fold over all of them (a key's changes span batches),
+    the unchanged TOASTed values the batch lacks taken from the rows the store holds (null
+    for a key it does not hold), what the store refused back as Arrow rows."""
+    import pyarrow as pa
+
+    from sinks.latest import as_rows, position
+    from sinks.rows import REJECTED, PartitionWriter, RowWriter
+    from sinks.versions import TOAST_PLACEHOLDER as unchanged
+
+    class Held(RowWriter):
+        def __init__(self) -> None:
+            self.asked: list[tuple[str, list[str], set[str]]] = []
+            self.written: list[dict] = []
+
+        def held(self, topic: str, keys: list[str], columns: set[str]) -> list[dict | None]:
+            self.asked.append((topic, keys, columns))
+            return [{"id": 2, "body": "held", "n": 0} if key == '{"id":2}' else None for key in keys]
+
+        def write(self, changes: pa.Table) -> list:
+            self.written += changes.to_pylist()
+            return [(c["topic"], c["partition"], c["offset"], "refused") for c in changes.to_pylist()
+                    if c["key"] == '{"id":1}']
+
+        def positions(self, topic: str):
+            return iter(())
+
+    rows = [*_toast_rows(), _event('{"id":5}', 7, "u", {"id": 5, "body": unchanged, "n": 3}, lsn=14)]
+    writer = Held()
+    batches = as_rows(rows).to_batches(max_chunksize=2)
+    out = list(PartitionWriter(writer, {})(iter([batches[0].slice(0, 0), *batches])))
+    assert writer.asked == [("p.public.t", ['{"id":2}', '{"id":5}'], {"body"})]
+    assert [(c["key"], c["kind"], c["pos"], None if c["row"] is None else orjson.loads(c["row"]))
+            for c in writer.written] == [
+        ('{"id":1}', "u", position(11, 11), {"id": 1, "body": "long", "n": 1}),
+        ('{"id":2}', "u", position(12, 12), {"id": 2, "body": "held", "n": 5}),
+        ('{"id":3}', "d", position(13, 13), None),
+        ('{"id":4}', "d", "", None),
+        ('{"id":5}', "u", position(14, 14), {"id": 5, "body": None, "n": 3}),
+    ]
+    assert [batch.schema for batch in out] == [REJECTED]
+    assert pa.Table.from_batches(out).to_pylist() == [
+        {"_cdc_topic": "p.public.t", "_cdc_partition": 0, "_cdc_offset": 2, "_reason": "refused"},
+    ]
+    assert list(PartitionWriter(Held(), {})(iter([]))) == []  # a partition of other tables' records
+
+
+def test_guard_calls_packed_column_by_column_are_the_commands_redis_reads() -> None:
+    import pyarrow as pa
+
+    from sinks.cache import GUARD_SHA, META, _command, guarded_calls
+
+    packed = guarded_calls(pa.array(['t:{"id":"é"}', "t:{}"]), pa.array(["u", "d"]), pa.array(["p1", ""]),
+                           pa.array([2, 0], pa.int32()), pa.array([10, 11]), pa.array([b'{"v":"a\r\nb"}', b""]),
+                           0, 60000)
+    assert packed == [
+        _command(b"EVALSHA", GUARD_SHA, b"2", key, META.encode() + key, kind, pos, part, off, row, b"0", b"60000")
+        for key, kind, pos, part, off, row in (
+            ('t:{"id":"é"}'.encode(), b"u", b"p1", b"2", b"10", b'{"v":"a\r\nb"}'),
+            (b"t:{}", b"d", b"", b"0", b"11", b""),
+        )
+    ]
+
+
+def test_search_upserts_packed_column_by_column_are_the_documents_of_the_row_path() -> None:
+    """A table whose rows need no converting has its upserts packed from the columns; one with
+    dates goes row by row: both give the action and `_source` the row-by-row writer gave."""
+    from sinks.latest import changes_table, position
+    from sinks.opensearch import versioned
+    from sinks.search import SearchWriter, Settings
+    from sinks.search_shapes import Documents
+    from sinks.versions import Version
+
+    plain = Version("public", "p", "x.public.p", 0, (_column("id", "int4", {"type": "int32"}, key=True),
+                                                   _column("s", "text", {"type": "string"})))
+    dated = Version("public", "d", "x.public.d", 0, (_column("id", "int4", {"type": "int32"}, key=True),
+                                                   _column("d", "date", {"type": "int32", "name": "io.debezium.time.Date"})))
+    registry = Registry([plain, dated])
+
+    class NoMarkers:  # the look-up's answer: no key has a delete marker
+        def ok(self, method: str, path: str, body: bytes) -> dict:
+            return {"docs": [{"found": False}] * body.count(b'{"_index"')}
+
+    writer = SearchWriter(Settings(None, "false", 1 << 20, 1000), registry)  # no endpoint: no request leaves
+    writer._client = NoMarkers()
+    rows = [("x.public.p", '{"id":1}', '{"id":1,"s":"q\\"é"}'), ("x.public.d", '{"id":"k\\"1"}', '{"id":2,"d":19782}')]
+    changes = changes_table([(t, k, "u", 7, 3, 0, i, row, []) for i, (t, k, row) in enumerate(rows)])
+    (actions,) = list(writer._actions(changes))
+    documents = Documents(registry)
+    assert [a.lines for a in actions] == [
+        versioned("index", t, k, 7) + orjson.dumps(documents.source(t, 7, orjson.loads(row), position(7, 3))) + b"\n"
+        for t, k, row in rows
+    ]
+    assert [a.origin for a in actions] == [("x.public.p", 0, 0), ("x.public.d", 0, 1)]
 
 
 def test_cache_keys_positions_and_urls() -> None:
