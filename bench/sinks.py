@@ -500,10 +500,12 @@ class SparkRun:
 
 
 class PythonCpu:
-    """CPU of the executors' Python workers in a Spark child's process group: Spark's
-    `pyspark.daemon` and the workers it forks (the same command line), the workers that
-    ended counted in the daemon's children's time once it reaped them. What runs there is
-    the sink's writer: rows from the JVM into Python, the fold, the packing, the clients."""
+    """CPU of the executors' Python workers of a Spark child: Spark's `pyspark.daemon`, which
+    its JVM (in the child's process group) starts, and the workers it forks. The daemon moves
+    itself into a process group of its own (`os.setpgid(0, 0)`), so these are found by their
+    parent, not in the child's group: none of them is in the child's group's CPU. The workers
+    that ended are counted in the daemon's children's time once it reaped them. What runs
+    there is the sink's writer: rows from the JVM into Python, the fold, the packing, the clients."""
 
     def __init__(self) -> None:
         self.pgid: int | None = None
@@ -511,26 +513,26 @@ class PythonCpu:
 
     @staticmethod
     def _sample(pgid: int) -> dict[int, float]:
-        out: dict[int, float] = {}
+        stats: dict[int, list[str]] = {}
         for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            pid = int(name)
-            fields = proc_stat(pid)
-            if fields is None or fields[2] != str(pgid):
-                continue
+            if name.isdigit() and (fields := proc_stat(int(name))) is not None:
+                stats[int(name)] = fields
+
+        def command(pid: int) -> bytes:
             try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                return Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
-                continue
-            if b"pyspark.daemon" not in command and b"pyspark/worker" not in command:
+                return b""
+
+        # the daemons: a pyspark.daemon whose parent (the JVM) is in the child's process group
+        daemons = {pid for pid, fields in stats.items() if b"pyspark.daemon" in command(pid)
+                   and fields[2] == str(pid) and stats.get(int(fields[1]), ["", "", ""])[2] == str(pgid)}
+        out: dict[int, float] = {}
+        for pid, fields in stats.items():
+            if int(fields[2]) not in daemons:  # the daemon's group: the daemon and its workers
                 continue
             used = int(fields[11]) + int(fields[12])
-            parent = proc_stat(int(fields[1]))
-            parent_command = b""
-            with contextlib.suppress(OSError):
-                parent_command = Path(f"/proc/{fields[1]}/cmdline").read_bytes()
-            if parent is None or b"pyspark.daemon" not in parent_command:  # the daemon: its reaped workers too
+            if pid in daemons:  # its reaped workers too
                 used += int(fields[13]) + int(fields[14])
             out[pid] = used / CLK_TCK
         return out
@@ -1173,7 +1175,7 @@ class SinksBench(Bench):
             "seconds = the query's start to its end (apply: sinks.runner.keep_running with the available-now trigger, so what "
             "`cdc sink <store> --once` does after its session started); session start = the SparkSession (JVM) start "
             "before it, not counted; rows/s = table records in the topics / seconds (the read ceiling also reads the "
-            "daemon's heartbeat records). Spark CPU = the child's process group (Python driver + JVM) over the query. "
+            "daemon's heartbeat records). Spark CPU = the child's process group (Python driver + JVM, not the executors' Python workers: pyspark's daemon has a group of its own) over the query. "
             f"Freshness: half of the transactions insert a marker into public.{FRESH_TABLE} (a table of its own, "
             "applied beside the others in each batch), half update a random backlog row; commit time = the writer's clock right after COMMIT returned "
             f"(autocommit), visible = the reader's clock when it first found the marker (polled every {a.poll_ms} ms: "
@@ -1221,7 +1223,7 @@ class SinksBench(Bench):
             if r.error or not r.cpu_s or r.phase not in ("ceiling", "apply"):
                 continue
             python = r.python_cpu_s or 0.0
-            parts = [r.cpu_s - python, python, r.server_cpu_s or 0.0, r.broker_cpu_s or 0.0]
+            parts = [r.cpu_s, python, r.server_cpu_s or 0.0, r.broker_cpu_s or 0.0]
             label = "read ceiling" if r.phase == "ceiling" else f"apply: {r.store}"
             out.append(f"| {label}, maxOffsetsPerTrigger {r.max_offsets:,} | "
                        + " | ".join(f"{1e6 * p / r.records:.1f}" for p in parts)
@@ -1237,9 +1239,10 @@ class SinksBench(Bench):
                            f"{self.records:,} | {a.writer_cpu_s:.1f} | {1e6 * a.writer_cpu_s / self.records:.1f} |")
         out += ["", (
             "Spark = the child's process group (the Python driver and the JVM: reading, parsing, the batch's own "
-            "jobs, handing rows to Python) less its Python workers; the store's server and the broker: their process "
+            "jobs, handing rows to Python; not its Python workers, which pyspark's daemon puts in a process group of "
+            "its own); the store's server and the broker: their process "
             "groups; all over the query. "
-            "Python workers = Spark's `pyspark.daemon` and the workers it forks, in the apply child's process group, "
+            "Python workers = Spark's `pyspark.daemon` started by the apply child's JVM and the workers it forks, "
             "over the query (the workers that ended counted in the daemon's children's time): rows from the JVM "
             "into Python, the fold, the packing and the store's client. The writer alone: the bench process's CPU "
             "while `sinks.rows.PartitionWriter` writes the whole backlog into a new store (the rows read and "
