@@ -167,9 +167,9 @@ def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) ->
     """Print the events of TABLE's topic (TABLE as schema.table, quoted as SQL quotes it)."""
     from kafka.errors import KafkaError
 
+    from cdc.kafka.reader import read_topic
     from cdc.kafka.topics import ClientErrors, TopicError, connect_failure
     from cdc.naming import parse_table_pattern, topic_name
-    from compaction.reader import read_topic
 
     try:
         pattern = parse_table_pattern(table)

@@ -73,7 +73,7 @@ def _snapshot(config: Config) -> dict[str, Any] | None:
 
 def _sinks(config: Config, slot: dict[str, Any] | None) -> dict[str, Any]:
     """Each sink job's progress in LSN terms, with its lag behind the server and the slot."""
-    from compaction.progress import read_progress
+    from sinks.progress import read_progress
 
     out = {}
     for job, record in sorted(read_progress(config.topic).items()):

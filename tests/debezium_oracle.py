@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from cdc.config import TopicConfig
-from compaction.reader import read_topic
+from cdc.kafka.reader import read_topic
 
 # -- the fixture tables -----------------------------------------------------------------
 

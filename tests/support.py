@@ -19,10 +19,10 @@ import psycopg
 
 from cdc.config import TopicConfig, load
 from cdc.kafka.heartbeat import heartbeat_topic
+from cdc.kafka.reader import read_topic
 from cdc.naming import topic_name
-from compaction.progress import read_progress
-from compaction.reader import read_topic
 from compaction.table import TopicTable, build, payload_of
+from sinks.progress import read_progress
 
 # The Debezium envelope's fields, and its source block's, in the order cdc writes them
 ENVELOPE_KEYS = ["before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns"]

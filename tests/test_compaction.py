@@ -9,8 +9,8 @@ import orjson
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from cdc.config import TopicConfig
+from cdc.kafka.reader import read_topic
 from cdc.naming import topic_name
-from compaction.reader import read_topic
 from compaction.table import build
 from tests.support import (
     ACCT,

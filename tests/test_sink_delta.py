@@ -20,7 +20,7 @@ import orjson
 from pyspark.sql import SparkSession
 
 from cdc.config import TopicConfig
-from compaction.reader import read_topic
+from cdc.kafka.reader import read_topic
 from tests.support import (
     SINK_TIMEOUT_S,
     Sink,

@@ -25,10 +25,10 @@ import psycopg
 
 from cdc.config import TopicConfig
 from cdc.config import load as load_config
+from cdc.kafka.reader import read_topic
 from cdc.local.kafka import LocalKafka
 from cdc.local.postgres import LocalPostgres
 from cdc.naming import topic_name
-from compaction.reader import read_topic
 from compaction.table import build, payload_of
 
 PREFIX = "demo"
