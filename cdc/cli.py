@@ -148,13 +148,19 @@ def snapshot(config: Config, tables: tuple[str, ...], incremental: bool) -> None
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--check", is_flag=True,
+              help="Exit 1 when a sink is past half of the tombstone horizon (delete.retention.ms), 2 when past it.")
 @_with_config
-def status(config: Config, as_json: bool) -> None:
-    """Slot state (active, confirmed LSN, wal_status, WAL retained), lag, topic end offsets."""
-    from cdc.status import collect, render
+def status(config: Config, as_json: bool, check: bool) -> None:
+    """Slot state (active, confirmed LSN, wal_status, WAL retained), lag, topic end offsets, and
+    each sink's progress, with a warning well before it falls further behind than the topics
+    keep tombstones (delete.retention.ms)."""
+    from cdc.status import check_code, collect, render
 
     result = collect(config)
     click.echo(redact(json.dumps(result, indent=2) if as_json else render(result)))
+    if check:
+        sys.exit(check_code(result))
 
 
 @main.command()
@@ -217,6 +223,48 @@ def _print_records(records: Iterable[Any], topic: str, raw: bool) -> None:
             click.echo(f"--- {topic} [{record.partition}] @{record.offset}  key={key}  {kind}")
             if value is not None:
                 click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+@main.group()
+def topics() -> None:
+    """The prefix's topics against cdc's topic policy, and the truncate clean-up."""
+
+
+@topics.command("describe")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_with_config
+def topics_describe(config: Config, as_json: bool) -> None:
+    """Every topic's settings, cdc's value for each and what it means for consumers; problems
+    (settings that lose data or stop the pipeline) with their fixes."""
+    from cdc.kafka.topics import TopicAdmin
+    from cdc.topic_policy import render, reports
+
+    admin = TopicAdmin(config.topic)
+    try:
+        found = reports(config, admin)
+    finally:
+        admin.close()
+    click.echo(json.dumps([r.as_json() for r in found], indent=2) if as_json else render(found))
+
+
+@topics.command("ensure")
+@_with_config
+def topics_ensure(config: Config) -> None:
+    """Repair what a settings change can repair, and give cdc's policy value to every setting a
+    topic takes from the broker's defaults; what cannot be repaired is listed, exit 1."""
+    from cdc.kafka.topics import TopicAdmin
+    from cdc.topic_policy import ensure
+
+    admin = TopicAdmin(config.topic)
+    try:
+        done, left = ensure(config, admin)
+    finally:
+        admin.close()
+    for line in done:
+        click.echo(f"set {line}")
+    click.echo(f"topics ensure: {len(done)} settings changed")
+    if left:
+        _fail(f"{len(left)} problems a settings change cannot repair: " + " | ".join(p.line() for p in left))
 
 
 @main.command("config")

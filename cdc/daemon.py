@@ -27,6 +27,7 @@ from cdc.events.shapes import schemas_topic, version_record
 from cdc.kafka.acks import Acks
 from cdc.kafka.heartbeat import INTERVAL_S as HEARTBEAT_INTERVAL_S
 from cdc.kafka.heartbeat import heartbeat_record, heartbeat_topic
+from cdc.kafka.policy import kind_of, problems
 from cdc.kafka.producer import Producer, ProducerError, RecordTooLarge, make_producer
 from cdc.kafka.topics import TopicAdmin, TopicError
 from cdc.metrics import Metrics
@@ -176,6 +177,10 @@ class Daemon:
             infos.update(self.admin.ensure(internal, partitions=1))
             state = load_state(cfg)
         self._remember_topics(infos)
+        for name, info in sorted(infos.items()):
+            for problem in problems(name, kind_of(cfg.topic.prefix, name), info.configs, info.replication_factor, cfg.topic):
+                if problem.setting != "cleanup.policy" or "compact" in info.cleanup_policy.split(","):
+                    log.warning("%s", problem.line())  # (a topic not compacted was refused, or allowed, above)
         return state
 
     def _plan_snapshot(self, state: SnapshotState | None, only: list[str] | None, stop_when_done: bool) -> SlotState:

@@ -1,0 +1,129 @@
+"""`cdc topics describe|ensure`: the prefix's topics against the topic policy (cdc.kafka.policy).
+
+`describe` shows every setting of every topic with cdc's value and what it means for the
+topic's consumers, and the problems (settings that lose data or stop the pipeline) with
+their fixes. A `delete.retention.ms` is judged against the longest sink lag, from the sinks'
+progress and the daemon's heartbeats (compaction.horizon). `ensure` repairs what a settings
+change can repair, and gives the policy's value to every setting a topic takes from the
+broker's defaults (settings set on the topic itself are left as they are, unless a problem).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdc.config import Config
+from cdc.kafka.policy import (
+    MEANINGS,
+    REPLICATION,
+    SETTINGS,
+    Problem,
+    creation_configs,
+    kind_of,
+    problems,
+)
+from cdc.kafka.topics import TopicAdmin, TopicInfo
+
+
+@dataclass
+class TopicReport:
+    info: TopicInfo
+    kind: str
+    policy: dict[str, str]  # what cdc creates a topic of this kind with
+    problems: list[Problem] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        info = self.info
+        return {
+            "topic": info.name, "kind": self.kind, "partitions": info.partitions,
+            "replication_factor": info.replication_factor,
+            "settings": {
+                s.name: {
+                    "value": info.configs.get(s.name), "policy": self.policy.get(s.name),
+                    "from_broker_default": s.name in info.defaults, "meaning": s.meaning,
+                }
+                for s in SETTINGS
+            },
+            "problems": [
+                {"setting": p.setting, "found": p.found, "why": p.why, "fix": p.fix, "loses_data": p.loses_data}
+                for p in self.problems
+            ],
+        }
+
+
+def longest_sink_lag(config: Config) -> int | None:
+    """How far behind the furthest sink is, in ms (None when no sink ever ran)."""
+    from compaction.horizon import Heartbeats, sink_lags
+    from sinks.progress import read_progress
+
+    progress = read_progress(config.topic)
+    if not progress:
+        return None
+    beats = Heartbeats(config.topic, config.source.slot)
+    try:
+        return max(lag.lag_ms for lag in sink_lags(progress, beats).values())
+    finally:
+        beats.close()
+
+
+def reports(config: Config, admin: TopicAdmin) -> list[TopicReport]:
+    """Every topic of the prefix with its problems."""
+    prefix = config.topic.prefix
+    infos = admin.describe(admin.topics_with_prefix(prefix))
+    lag = longest_sink_lag(config)
+    kinds = {name: kind_of(prefix, name) for name in infos}
+    horizon = max(
+        (int(infos[n].configs.get("delete.retention.ms", 0)) for n, k in kinds.items() if k == "table"), default=None
+    )
+    out = []
+    for name, info in sorted(infos.items()):
+        kind = kinds[name]
+        found = problems(name, kind, info.configs, info.replication_factor, config.topic, lag, horizon)
+        out.append(TopicReport(info, kind, creation_configs(config.topic, kind), found))
+    return out
+
+
+def render(found: list[TopicReport]) -> str:
+    """The human form of `describe`."""
+    if not found:
+        return "no topics yet (cdc run creates them)"
+    lines = []
+    for report in found:
+        info = report.info
+        lines.append(
+            f"topic {info.name} ({report.kind}, {info.partitions} partitions, "
+            f"{REPLICATION.name} {info.replication_factor})"
+        )
+        for setting in SETTINGS:
+            value = info.configs.get(setting.name, "-")
+            wanted = report.policy.get(setting.name)
+            note = "" if wanted is None or wanted == value else f" (cdc's policy: {wanted})"
+            origin = " [broker default]" if setting.name in info.defaults else ""
+            lines.append(f"  {setting.name:<31}{value}{origin}{note}")
+            lines.append(f"  {'':<31}{MEANINGS[setting.name]}")
+        for problem in report.problems:
+            lines.append(f"  problem{' (loses data)' if problem.loses_data else ''}: {problem.setting}={problem.found}: "
+                         f"{problem.why}; {problem.fix}")
+    count = sum(len(r.problems) for r in found)
+    lines.append(f"{len(found)} topics, {count} problems" + ("" if count else " (cdc topics ensure has nothing to repair)"))
+    return "\n".join(lines)
+
+
+def ensure(config: Config, admin: TopicAdmin) -> tuple[list[str], list[Problem]]:
+    """Repair what a settings change can: (what was changed, one line each; what is left)."""
+    done, left = [], []
+    for report in reports(config, admin):
+        info, changes = report.info, {}
+        for name, value in report.policy.items():
+            if name in info.defaults and info.configs.get(name) != value:
+                changes[name] = value
+        for problem in report.problems:
+            if problem.repair is None:
+                left.append(problem)
+            else:
+                changes[problem.repair[0]] = problem.repair[1]
+        if changes:
+            admin.alter(info.name, changes)
+            done += [f"{info.name}: {k}={v} (was {info.configs.get(k, '-')})" for k, v in sorted(changes.items())]
+    return done, left
