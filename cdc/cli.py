@@ -237,7 +237,7 @@ def topics_describe(config: Config, as_json: bool) -> None:
     """Every topic's settings, cdc's value for each and what it means for consumers; problems
     (settings that lose data or stop the pipeline) with their fixes."""
     from cdc.kafka.topics import TopicAdmin
-    from cdc.topic_policy import render, reports
+    from cdc.topic_commands import render, reports
 
     admin = TopicAdmin(config.topic)
     try:
@@ -253,7 +253,7 @@ def topics_ensure(config: Config) -> None:
     """Repair what a settings change can repair, and give cdc's policy value to every setting a
     topic takes from the broker's defaults; what cannot be repaired is listed, exit 1."""
     from cdc.kafka.topics import TopicAdmin
-    from cdc.topic_policy import ensure
+    from cdc.topic_commands import ensure
 
     admin = TopicAdmin(config.topic)
     try:
@@ -265,6 +265,21 @@ def topics_ensure(config: Config) -> None:
     click.echo(f"topics ensure: {len(done)} settings changed")
     if left:
         _fail(f"{len(left)} problems a settings change cannot repair: " + " | ".join(p.line() for p in left))
+
+
+@topics.command("clean-truncated")
+@click.option("--tables", "-t", "tables", multiple=True, metavar="TABLE",
+              help="Only these captured tables (schema.table, SQL-quoted where needed); repeatable.")
+@_with_config
+def topics_clean_truncated(config: Config, tables: tuple[str, ...]) -> None:
+    """Tombstones for the rows truncates removed, so the log cleaner drops them. The daemon
+    streaming from the slot writes them (asked with a logical message), in order with the
+    changes, so no tombstone lands after a newer record of its key; with no daemon running,
+    this command writes them itself while holding the slot's lock."""
+    from cdc.topic_commands import clean_truncated
+
+    for line in clean_truncated(config, list(tables)):
+        click.echo(line)
 
 
 @main.command("config")

@@ -128,7 +128,8 @@ class TopicTable:
     """One table topic folded into a table (see the module docstring). Feed it records with
     `add`/`extend` (it can go on later with newer records), then read `rows()`."""
 
-    def __init__(self, path: Path | None = None, flush_every: int = 20000) -> None:
+    def __init__(self, path: Path | None = None, flush_every: int = 20000, threadsafe: bool = False) -> None:
+        """`threadsafe`: filled in one thread, read in another (one at a time)."""
         if path is None:
             fd, name = tempfile.mkstemp(prefix="cdc-topic-table-", suffix=".sqlite")
             os.close(fd)
@@ -136,7 +137,7 @@ class TopicTable:
         else:
             self._temporary = False
         self.path = path
-        self._db = sqlite3.connect(path, isolation_level=None)
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=not threadsafe)
         for pragma in ("journal_mode = OFF", "synchronous = OFF", "cache_size = -65536", "temp_store = FILE"):
             self._db.execute(f"PRAGMA {pragma}")
         self._db.execute("DROP TABLE IF EXISTS rows")
@@ -246,6 +247,15 @@ class TopicTable:
         )
         for key, c, s, data, unresolved in query:
             yield TableRow(key, orjson.loads(data), (c, s), _names(unresolved))
+
+    def keys_older_than_truncate(self) -> Iterator[bytes]:
+        """Keys whose latest record is a live row the newest truncate removed (their records stay
+        in the compacted topic until a tombstone follows them)."""
+        self._flush()
+        if self.truncated_at is None:
+            return iter(())
+        query = self._db.execute("SELECT key FROM rows WHERE deleted = 0 AND (c, s) < (?, ?) ORDER BY key", self.truncated_at)
+        return (key for (key,) in query)
 
     def lookup(self, keys: Iterable[bytes]) -> dict[bytes, KeyState]:
         """What the topic says of these keys (absent keys: no record at all)."""

@@ -9,10 +9,12 @@ tables that see no traffic (Debezium's heartbeat topic plays the same part).
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import orjson
 
-from cdc.events.records import Record
+if TYPE_CHECKING:  # the events (and their C renderer) load only where heartbeats are sent
+    from cdc.events.records import Record
 
 HEARTBEAT_SUFFIX = "__cdc_heartbeat"
 INTERVAL_S = 1.0
@@ -24,5 +26,7 @@ def heartbeat_topic(prefix: str) -> str:
 
 
 def heartbeat_record(prefix: str, slot: str, lsn: int) -> Record:
+    from cdc.events.records import Record
+
     value = orjson.dumps({"slot": slot, "lsn": str(lsn), "ts_ms": int(time.time() * 1000)})
     return Record(heartbeat_topic(prefix), slot.encode(), value, HEARTBEAT_SUFFIX)

@@ -1,4 +1,5 @@
-"""`cdc topics describe|ensure`: the prefix's topics against the topic policy (cdc.kafka.policy).
+"""`cdc topics describe|ensure|clean-truncated`: the prefix's topics against the topic policy
+(cdc.kafka.policy), and the truncate clean-up (compaction.truncates).
 
 `describe` shows every setting of every topic with cdc's value and what it means for the
 topic's consumers, and the problems (settings that lose data or stop the pipeline) with
@@ -6,6 +7,9 @@ their fixes. A `delete.retention.ms` is judged against the longest sink lag, fro
 progress and the daemon's heartbeats (compaction.horizon). `ensure` repairs what a settings
 change can repair, and gives the policy's value to every setting a topic takes from the
 broker's defaults (settings set on the topic itself are left as they are, unless a problem).
+`clean-truncated` asks the daemon streaming from the slot for tombstones of the rows truncates
+removed (a logical message it reads in order with the changes), or writes them itself while
+holding the slot's lock when no daemon runs (none can start meanwhile).
 """
 
 from __future__ import annotations
@@ -50,6 +54,69 @@ class TopicReport:
                 for p in self.problems
             ],
         }
+
+
+def clean_truncated(config: Config, patterns: list[str]) -> list[str]:
+    """`cdc topics clean-truncated`: what was done or requested, one line each."""
+    from cdc.naming import topic_name
+    from cdc.source.preflight import PreflightError, check_server, connect_catalog, resolve_tables
+    from cdc.source.slots import try_claim_slot
+    from compaction.truncates import request_message
+    from snapshot.incremental import MESSAGE_PREFIX
+    from snapshot.plan import captured_names
+
+    slot = config.source.slot
+    catalog = connect_catalog(config)
+    try:
+        check_server(catalog)
+        tables = resolve_tables(catalog, config)
+        try:
+            names = captured_names(tables, patterns) or [t.display for t in tables]
+        except ValueError as exc:
+            raise PreflightError(str(exc)) from None
+        topics = {topic_name(config.topic.prefix, t.schema, t.table): t.display for t in tables if t.display in names}
+        if try_claim_slot(catalog, slot):  # no daemon streams from the slot, and none starts while we hold it
+            return _write_tombstones(config, topics)
+        catalog.conn.execute(
+            "SELECT pg_logical_emit_message(true, %s, %s::text)",
+            (MESSAGE_PREFIX, request_message(slot, list(topics.values())).decode()),
+        )
+        return [f"requested a truncate clean-up of {', '.join(topics.values())} from the daemon streaming from slot "
+                f"{slot} (its log says how many tombstones it wrote)"]
+    finally:
+        catalog.close()
+
+
+def _write_tombstones(config: Config, topics: dict[str, str]) -> list[str]:
+    """With the slot's lock held: tombstones for every key a truncate removed, table by table."""
+    from cdc.kafka.producer import make_producer
+    from compaction.truncates import read_truncated, truncated_keys
+    from snapshot.state import deliver
+
+    admin = TopicAdmin(config.topic)
+    try:
+        infos = admin.describe(list(topics))
+    finally:
+        admin.close()
+    lines = []
+    for topic, table in topics.items():
+        if topic not in infos:
+            lines.append(f"{table}: no topic {topic} yet, nothing to clean up")
+            continue
+        found, count = read_truncated(config.topic, topic)
+        try:
+            if count:
+                producer = make_producer(config.topic, {topic: infos[topic].partitions})
+                try:
+                    for key in truncated_keys(found):
+                        producer.send(topic, key, None)
+                    deliver(producer, config.topic.delivery_timeout_ms / 1000)
+                finally:
+                    producer.close()
+        finally:
+            found.close()
+        lines.append(f"{table}: {count} tombstones for rows a truncate removed")
+    return lines
 
 
 def longest_sink_lag(config: Config) -> int | None:
