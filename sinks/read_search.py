@@ -1,0 +1,100 @@
+"""The search index's read side for `cdc verify` (compaction.verify.Side): its documents, hashed here.
+
+OpenSearch has no compute that could hash a document's source, so every document of the
+table's alias is read in bulk (a scroll) and hashed as it arrives. `_source` is the event's
+row as sinks.search_shapes converted it (dates and timestamps as ISO text, JSON columns
+parsed): `event_form` turns it back, and compaction.canonical compares JSON by meaning.
+Positions are the documents' versions (commit LSNs) and the delete markers'. To be folded
+into the store once the stores share one contract.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from typing import Any
+
+from cdc.config import SearchConfig
+from compaction.canonical import row_values
+from compaction.verify import Digest, Found, LocalDigest, TableSpec
+from sinks.search import Settings, _path, _scroll
+from sinks.search_shapes import alias_name, markers_name
+
+_TIMESTAMPS = {"io.debezium.time.Timestamp": 1000, "io.debezium.time.MicroTimestamp": 1}  # event unit in µs
+_EPOCH = datetime(1970, 1, 1)
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
+PAGE = 5000
+
+
+def _back(value: Any, connect: dict[str, Any], in_array: bool = False) -> Any:
+    """One `_source` value as the event had it (sinks.search_shapes' conversions undone)."""
+    if value is None:
+        return None
+    kind, name = connect.get("type"), connect.get("name")
+    if kind == "array" and isinstance(value, list):
+        return [_back(x, connect.get("items", {}), True) for x in value]
+    if name == "io.debezium.time.Date":
+        if isinstance(value, str):
+            return date.fromisoformat(value).toordinal() - _EPOCH_DAY
+        return value // 86_400_000 if isinstance(value, int) else value
+    if name in _TIMESTAMPS:
+        unit = _TIMESTAMPS[name]
+        if isinstance(value, str):
+            delta = datetime.fromisoformat(value) - _EPOCH
+            return (delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds) // unit
+        return value * 1000 // unit if isinstance(value, int) else value
+    return value
+
+
+def event_form(source: dict[str, Any], table: TableSpec) -> dict[str, Any]:
+    return {c.name: _back(source.get(c.name), c.connect) for c in table.columns if c.name in source}
+
+
+class SearchSide:
+    name = "search"
+
+    def __init__(self, config: SearchConfig) -> None:
+        self.client = Settings.of(config).client()
+        self._digests: dict[str, LocalDigest] = {}
+
+    def digest(self, table: TableSpec) -> Digest:
+        found = LocalDigest(table.bits)
+        alias = alias_name(table.topic)
+        query = {"size": PAGE, "sort": ["_doc"], "query": {"match_all": {}}}
+        for hits in _scroll(self.client, f"/{_path(alias)}/_search", query):
+            for hit in hits:
+                found.add(hit["_id"].encode(), row_values(event_form(hit["_source"], table), table.columns))
+        old = self._digests.pop(table.topic, None)
+        if old is not None:
+            old.close()
+        self._digests[table.topic] = found.done()
+        return dict(found.segments)
+
+    def hashes(self, table: TableSpec, segments: set[int]) -> dict[bytes, int]:
+        return self._digests[table.topic].hashes(segments)
+
+    def fetch(self, table: TableSpec, keys: list[bytes]) -> dict[bytes, Found]:
+        alias = alias_name(table.topic)
+        ids = [k.decode() for k in keys]
+        out: dict[bytes, Found] = {}
+        for start in range(0, len(ids), PAGE):
+            chunk = ids[start:start + PAGE]
+            docs = self._mget(alias, chunk, True)
+            markers = self._mget(markers_name(alias), chunk, False)
+            for key in chunk:
+                doc, marker = docs.get(key), markers.get(key)
+                if doc is not None:
+                    values = row_values(event_form(doc["_source"], table), table.columns)
+                    out[key.encode()] = Found(values, (int(doc["_version"]), 0))
+                elif marker is not None:
+                    out[key.encode()] = Found(None, (int(marker["_version"]), 0))
+        return out
+
+    def _mget(self, index: str, ids: list[str], source: bool) -> dict[str, dict[str, Any]]:
+        path = f"/{_path(index)}/_mget?_source={'true' if source else 'false'}"
+        answer = self.client.ok("POST", path, {"ids": ids}, missing_ok=True)
+        return {d["_id"]: d for d in (answer or {}).get("docs", ()) if d.get("found")}
+
+    def close(self) -> None:
+        for digest in self._digests.values():
+            digest.close()
+        self.client.close()
