@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import random
+import re
 import string
+import threading
+import time
 import uuid
 from collections import Counter
 
@@ -16,12 +19,14 @@ from hypothesis import strategies as st
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from cdc.config import TopicConfig
+from cdc.events.records import TRUNCATE_KEY
 from cdc.kafka.reader import TopicRecord, read_topic
 from cdc.naming import topic_name
 from compaction.table import build
 from tests.support import (
     ACCT,
     EAGER_COMPACTION,
+    cdc,
     slot_of,
     source_table,
     start_streaming,
@@ -32,6 +37,8 @@ from tests.support import (
 
 
 def test_log_cleaner_compacts_cdc_topics_to_the_source_table(tmp_path, db, eager_broker, topic_prefix):
+    """Superseded records, deleted rows and, after the daemon's truncate clean-up, the rows a
+    truncate removed all leave the topic; tombstones go after delete.retention.ms."""
     servers = eager_broker.bootstrap_servers
     topic = topic_name(topic_prefix, "public", "acct")
     admin = KafkaAdminClient(bootstrap_servers=servers)
@@ -48,28 +55,84 @@ def test_log_cleaner_compacts_cdc_topics_to_the_source_table(tmp_path, db, eager
     for _ in range(10):
         db.execute("UPDATE public.acct SET version = version + 1, note = md5(random()::text)")
     db.execute("DELETE FROM public.acct WHERE id < 20")
+    with psycopg.connect(db.dsn, autocommit=True) as conn, conn.transaction():  # rows before and after a truncate
+        conn.execute("INSERT INTO public.acct SELECT g, 1, 'gone' FROM generate_series(100, 104) g")
+        conn.execute("TRUNCATE public.acct")
+        conn.execute("INSERT INTO public.acct SELECT g, 1, 'again' FROM generate_series(20, 29) g")
     wait_caught_up(db.dsn, slot, daemon)
-    written = 60 * 11 + 20 * 2  # inserts, updates, and a delete event plus a tombstone per deleted row
-    deleted_keys = {orjson.dumps({"id": i}) for i in range(20)}
+    wait_for(lambda: "truncate clean-up of public.acct: 35 tombstones" in daemon.output(), 60, "the truncate clean-up")
+    written = 60 * 11 + 20 * 2 + 5 + 1 + 10  # inserts, updates, deletes (a d and a tombstone), the transaction
+    gone = {orjson.dumps({"id": i}) for i in (*range(20), *range(30, 60), *range(100, 105))}
 
     def compacted() -> bool:
         # Keep writing to the live keys: segments roll only when a record arrives after segment.ms.
-        db.execute("UPDATE public.acct SET version = version + 1 WHERE id >= 20")
+        db.execute("UPDATE public.acct SET version = version + 1")
         wait_caught_up(db.dsn, slot, daemon)
         records = list(read_topic(TopicConfig(bootstrap_servers=servers), topic))
         per_key = Counter(r.key for r in records)
-        return not deleted_keys & per_key.keys() and len(records) < written / 4
+        return not gone & per_key.keys() and len(records) < written / 4
 
-    wait_for(compacted, 180, "the log cleaner to drop superseded records and tombstones", poll=1.5)
+    wait_for(compacted, 180, "the log cleaner to drop superseded records, deleted and truncated rows", poll=1.5)
     records = list(read_topic(TopicConfig(bootstrap_servers=servers), topic))
     ends: dict[int, int] = {}
     for r in records:
         ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
     assert sum(ends.values()) >= written  # offsets keep counting: compaction leaves gaps behind
     assert all(r.value is not None for r in records)  # no tombstone left: their retention passed
+    assert sorted(orjson.loads(r.key) for r in records if r.key == TRUNCATE_KEY) == ["__truncate__"]  # the newest
     table = build(records)
     assert table.order_violations() == []
     assert table.state() == source_table(db.dsn, "SELECT id, version, note FROM public.acct")
+    assert len(table.state()) == 10
+    assert daemon.stop() == 0
+
+
+def test_truncate_clean_up_never_deletes_a_row_written_again_meanwhile(tmp_path, db, broker_servers, topic_prefix):
+    """Writers insert the truncated keys again while the daemon reads the topic for its clean-up
+    and sends the tombstones: a tombstone landing after a newer record of its key would delete a
+    live row. The topic read as a table still equals the source, and every other truncated key
+    got its tombstone; `cdc topics clean-truncated` afterwards (asked through the daemon) finds
+    nothing left to do."""
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(0, 5999) g")
+    config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.acct"])
+    slot = slot_of(topic_prefix)
+    daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
+    stop = threading.Event()
+
+    def rewrite(seed: int) -> None:  # the truncated keys, inserted again one by one
+        rng = random.Random(seed)
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                conn.execute(
+                    "INSERT INTO public.acct VALUES (%s, 1, 'again') ON CONFLICT (id) DO UPDATE SET version = acct.version + 1",
+                    (rng.randrange(6000),),
+                )
+
+    writers = [threading.Thread(target=rewrite, args=(i,)) for i in range(2)]
+    for w in writers:
+        w.start()
+    try:
+        time.sleep(0.5)
+        db.execute("TRUNCATE public.acct")
+        wait_for(lambda: "truncate clean-up of public.acct:" in daemon.output(), 60, "the truncate clean-up")
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(30)
+    wait_caught_up(db.dsn, slot, daemon)
+    found = re.search(r"truncate clean-up of public\.acct: (\d+) tombstones", daemon.output())
+    records = list(read_topic(TopicConfig(bootstrap_servers=broker_servers), topic_name(topic_prefix, "public", "acct")))
+    source = source_table(db.dsn, "SELECT id, version, note FROM public.acct")
+    with build(records) as table:
+        assert table.state() == source  # no live row lost to a tombstone
+        assert table.order_violations() == []
+        assert list(table.keys_older_than_truncate()) == []  # every truncated row has its tombstone
+    assert found is not None and 0 < int(found[1]) < 6000  # some keys were written again before their tombstone
+    assert "requested a truncate clean-up of public.acct" in cdc("topics", "clean-truncated", "--config", str(config)).stdout
+    wait_for(lambda: daemon.output().count("truncate clean-up of public.acct:") == 2, 60, "the requested clean-up")
+    assert "truncate clean-up of public.acct: 0 tombstones" in daemon.output()
     assert daemon.stop() == 0
 
 
