@@ -1,4 +1,5 @@
-"""The topic read as a table, on hand-made records: the fold's rules one by one (no server)."""
+"""compaction/ without a server: the topic read as a table on hand-made records, the canonical
+form, the narrowing and the rounds of `cdc verify`, the tombstone horizon's states."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ import pytest
 
 from cdc.events.records import TOAST_PLACEHOLDER, TOAST_PLACEHOLDER_BYTES, TRUNCATE_KEY
 from cdc.kafka.reader import TopicRecord
+from compaction.canonical import (
+    Column,
+    bits_for,
+    bucket,
+    float_text,
+    row_hash,
+    row_text,
+    row_values,
+)
+from compaction.horizon import Horizon, SinkLag
 from compaction.table import KeyState, MalformedEvent, TopicTable, build
+from compaction.verify import Found, candidates, differing, judge
 
 
 def key(i: int) -> bytes:
@@ -151,3 +163,73 @@ def test_the_fold_goes_on_with_newer_records() -> None:
     assert table.state() == {key(1): {"id": 1, "v": 1}}
     table.extend(Log().row(0, 1, 200, 20, v=2).row(0, 2, 200, 21, v=1).records)
     assert table.state() == {key(1): {"id": 1, "v": 2}, key(2): {"id": 2, "v": 1}}
+
+
+# -- the canonical form and the judge of a key in a round (compaction.canonical, compaction.verify)
+
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (100.0, "100"), (0.5, "0.5"), (1e300, "1" + "0" * 300), (1.5e-7, "0.00000015"), (-0.0, "0"), (-2.25, "-2.25"),
+    (float("nan"), "NaN"), (float("inf"), "Infinity"), (float("-inf"), "-Infinity"), (0.1, "0.1"),
+])
+def test_floats_are_the_shortest_decimal_in_full(value: float, text: str) -> None:
+    assert float_text(value) == text
+
+
+def test_a_row_in_canonical_form() -> None:
+    columns = (
+        Column("id", {"type": "int32"}), Column("f", {"type": "double"}), Column("doc", {"type": "string", "name": "io.debezium.data.Json"}),
+        Column("xs", {"type": "array", "items": {"type": "float"}}), Column("gone", {"type": "string"}),
+        Column("p", {"type": "struct", "fields": [{"field": "x", "type": "double"}, {"field": "srid", "type": "int32"}]}),
+    )
+    row = {"id": 1, "f": 100.0, "doc": '{"b": 1, "a": [1.0, "x"]}', "xs": [1.5, None, "NaN"], "p": {"x": 2.0, "srid": None}}
+    values = row_values(row, columns)
+    assert values == [1, "100", {"b": 1, "a": [1.0, "x"]}, ["1.5", None, "NaN"], None, {"x": "2", "srid": None}]
+    assert row_text(values) == b'[1,"100",{"a":[1.0,"x"],"b":1},["1.5",null,"NaN"],null,{"srid":null,"x":"2"}]'
+    # the same document spelled otherwise (the search index parses JSON columns) hashes the same
+    assert row_hash(row_text(row_values({**row, "doc": {"a": [1.0, "x"], "b": 1}}, columns))) == row_hash(row_text(values))
+    assert row_values({"id": 1}, columns[:1], unresolved=["id"]) == [{"unavailable": "toast"}]
+
+
+def test_segments_are_ranges_of_the_keys_hash() -> None:
+    assert bucket(b'{"id":1}', 0) == 0
+    assert bucket(b'{"id":1}', 16) >> 4 == bucket(b'{"id":1}', 12)  # narrower segments nest in wider ones
+    assert (bits_for(0), bits_for(64), bits_for(1_000_000)) == (0, 0, 14)
+
+
+def test_narrowing_names_missing_extra_and_different_keys() -> None:
+    assert differing({0: (2, 5), 1: (1, 3)}, {0: (2, 5), 2: (1, 1)}) == {1, 2}
+    assert candidates({b"a": 1, b"b": 2, b"c": 3}, {b"b": 2, b"c": 4, b"d": 5}) == {
+        b"a": "missing", b"c": "different", b"d": "extra",
+    }
+
+
+def test_a_round_tells_changes_in_flight_from_mismatches() -> None:
+    lsn, wal = 1000, 2000
+    assert judge([1], Found([1], (500, 1)), lsn, wal, stable=False) == "agree"
+    assert judge([1], Found([2], (900, 1)), lsn, wal, stable=False) == "different"  # applied at or below the snapshot
+    assert judge([1], Found([2], (1500, 1)), lsn, wal, stable=False) == "changing"  # a later change: in flight
+    assert judge([1], Found([2], (5000, 1)), lsn, wal, stable=False) == "different"  # a position no commit has
+    assert judge([1], Found(None, (1500, 1)), lsn, wal, stable=True) == "changing"  # deleted after the snapshot
+    assert judge([1], None, lsn, wal, stable=True) == "missing"  # no trace, and the row did not change
+    assert judge([1], None, lsn, wal, stable=False) == "changing"
+    assert judge(None, Found([1], None), lsn, wal, stable=True) == "extra"  # a row nobody wrote
+
+
+def test_the_horizon_warns_at_half_and_reports_past_it() -> None:
+    def at(lag_ms: int) -> Horizon:
+        return Horizon(SinkLag("cache", 1, 1, lag_ms), 20_000, "p.public.t")
+
+    assert (at(9_000).state, at(9_000).message()) == ("ok", None)
+    assert at(10_000).state == "warning"
+    assert at(12_000).message() == (
+        "sink cache is 12 s behind; tombstones may be dropped 20 s after they are written (delete.retention.ms of "
+        "p.public.t = 20 s): get it applying again (cdc sink cache) within 8 s, or raise delete.retention.ms on the "
+        "table topics to buy time"
+    )
+    assert at(20_000).state == "past"
+    assert at(25_000).message().startswith(  # type: ignore[union-attr]
+        "sink cache is 25 s behind, past the tombstone horizon (delete.retention.ms of p.public.t = 20 s): deletes it "
+        "has not applied may be gone from the topics"
+    )
