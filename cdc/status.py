@@ -7,7 +7,7 @@ from typing import Any
 
 from cdc.config import Config
 from cdc.kafka.policy import duration, kind_of
-from cdc.kafka.topics import TopicAdmin
+from cdc.kafka.topics import TopicAdmin, TopicInfo
 from cdc.source.preflight import connect_catalog
 from cdc.source.replication import format_lsn, parse_lsn
 
@@ -44,16 +44,13 @@ def collect(config: Config) -> dict[str, Any]:
     try:
         topics = admin.topics_with_prefix(config.topic.prefix)
         offsets = admin.end_offsets(topics)
-        tables = [t for t in topics if kind_of(config.topic.prefix, t) == "table"]
-        retentions = {
-            name: int(info.configs.get("delete.retention.ms", 86400000)) for name, info in admin.describe(tables).items()
-        }
+        tables = admin.describe([t for t in topics if kind_of(config.topic.prefix, t) == "table"])
     finally:
         admin.close()
     return {
         "slot": slot,
         "snapshot": _snapshot(config),
-        "sinks": _sinks(config, slot, retentions),
+        "sinks": _sinks(config, slot, tables),
         "topics": {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in offsets.items()},
     }
 
@@ -77,18 +74,16 @@ def _snapshot(config: Config) -> dict[str, Any] | None:
     }
 
 
-def _sinks(config: Config, slot: dict[str, Any] | None, retentions: dict[str, int]) -> dict[str, Any]:
+def _sinks(config: Config, slot: dict[str, Any] | None, tables: dict[str, TopicInfo]) -> dict[str, Any]:
     """Each sink job's progress in LSN terms, with its lag behind the server and the slot, and
     in time against the table topics' delete.retention.ms (the tombstone horizon)."""
-    from compaction.horizon import Heartbeats, horizons, sink_lags
+    from compaction.horizon import horizons, sink_lags
     from sinks.progress import read_progress
 
     progress = read_progress(config.topic)
-    beats = Heartbeats(config.topic, config.source.slot)
-    try:
-        against = horizons(sink_lags(progress, beats), retentions)
-    finally:
-        beats.close()
+    lags = sink_lags(config.topic, progress, {name: info.partitions for name, info in tables.items()})
+    retentions = {name: int(info.configs.get("delete.retention.ms", 86400000)) for name, info in tables.items()}
+    against = horizons(lags, retentions)
     out = {}
     for job, record in sorted(progress.items()):
         complete = int(record["complete_lsn"])
@@ -105,7 +100,7 @@ def _sinks(config: Config, slot: dict[str, Any] | None, retentions: dict[str, in
         horizon = against.get(job)
         if horizon is not None:
             entry["horizon"] = {
-                "state": horizon.state, "behind_ms": horizon.lag.lag_ms, "behind_at_least": horizon.lag.at_least,
+                "state": horizon.state, "behind_ms": horizon.lag.lag_ms,
                 "behind_since_ms": horizon.lag.since_ms, "delete_retention_ms": horizon.retention_ms,
                 "topic": horizon.topic, "message": horizon.message(),
             }
@@ -150,7 +145,7 @@ def render(status: dict[str, Any]) -> str:
         lag = f", {sink['lag_bytes']:,} bytes behind the server" if "lag_bytes" in sink else ""
         horizon = sink.get("horizon")
         if horizon is not None and horizon["behind_ms"]:
-            lag += f" ({'at least ' if horizon['behind_at_least'] else ''}{duration(horizon['behind_ms'])})"
+            lag += f" ({duration(horizon['behind_ms'])})"
         lines.append(f"sink {job}: complete up to {sink['complete_lsn']}{lag}; {sink['dead_letters']} dead letters")
         for table, lsn in sink["tables"].items():
             lines.append(f"  {table}  applied up to {lsn}")

@@ -119,34 +119,28 @@ def _write_tombstones(config: Config, topics: dict[str, str]) -> list[str]:
     return lines
 
 
-def longest_sink_lag(config: Config) -> int | None:
-    """How far behind the furthest sink is, in ms (None when no sink ever ran)."""
-    from compaction.horizon import Heartbeats, sink_lags
+def longest_sink_lag(config: Config, tables: dict[str, int]) -> int | None:
+    """How far behind the furthest sink is, in ms (None when no sink ever ran); `tables`: the
+    table topics and their partition counts."""
+    from compaction.horizon import sink_lags
     from sinks.progress import read_progress
 
     progress = read_progress(config.topic)
     if not progress:
         return None
-    beats = Heartbeats(config.topic, config.source.slot)
-    try:
-        return max(lag.lag_ms for lag in sink_lags(progress, beats).values())
-    finally:
-        beats.close()
+    return max(lag.lag_ms for lag in sink_lags(config.topic, progress, tables).values())
 
 
 def reports(config: Config, admin: TopicAdmin) -> list[TopicReport]:
     """Every topic of the prefix with its problems."""
     prefix = config.topic.prefix
     infos = admin.describe(admin.topics_with_prefix(prefix))
-    lag = longest_sink_lag(config)
     kinds = {name: kind_of(prefix, name) for name in infos}
-    horizon = max(
-        (int(infos[n].configs.get("delete.retention.ms", 0)) for n, k in kinds.items() if k == "table"), default=None
-    )
+    lag = longest_sink_lag(config, {n: infos[n].partitions for n, k in kinds.items() if k == "table"})
     out = []
     for name, info in sorted(infos.items()):
         kind = kinds[name]
-        found = problems(name, kind, info.configs, info.replication_factor, config.topic, lag, horizon)
+        found = problems(name, kind, info.configs, info.replication_factor, config.topic, lag)
         out.append(TopicReport(info, kind, creation_configs(config.topic, kind), found))
     return out
 

@@ -13,8 +13,9 @@ applied a change after PostgreSQL's snapshot, or not yet the one before. So ever
 key is looked at again in rounds, each at a newer snapshot, once the side is complete up to
 it (`judge`): a key that agrees is dropped; a key whose side row or delete marker is at or
 below the round's snapshot (or whose position no commit can have: forged, from the future),
-or, with no position, whose PostgreSQL row did not change between rounds, is a mismatch; any
-other key changed during the check and is reported as such, not as a mismatch.
+or, with no position, whose PostgreSQL row did not change from the snapshot until after the
+side was read (so the side cannot be ahead of it), is a mismatch; any other key changed during
+the check and is reported as such, not as a mismatch.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def candidates(reference: dict[bytes, int], side: dict[bytes, int]) -> dict[byte
 
 def judge(reference: list[Any] | None, side: Found | None, lsn: int, wal: int, stable: bool) -> str:
     """One key in a round at snapshot `lsn` (the server's WAL was at `wal` after the side was
-    read): `agree`, a mismatch (`missing`, `extra`, `different`) or `changing`."""
+    read; `stable`: PostgreSQL's row did not change from the snapshot until after that):
+    `agree`, a mismatch (`missing`, `extra`, `different`) or `changing`."""
     values = None if side is None else side.values
     if values == reference:
         return "agree"

@@ -161,7 +161,10 @@ class DeltaSide:
         frame, kinds = found
         rows = _Rows(table.columns, kinds, table.bits)
         picked = frame.where(F.col("_cdc_key").isin([k.decode() for k in keys])).collect()
-        return {row[0].encode(): Found(rows.values(row), (int(row[1]), int(row[2]))) for row in picked}
+        return {
+            row[0].encode(): Found(rows.values(row), None if row[1] is None else (int(row[1]), int(row[2] or 0)))
+            for row in picked
+        }
 
     def close(self) -> None:
         """The session is the caller's."""

@@ -26,6 +26,7 @@ from compaction.table import build
 from tests.support import (
     ACCT,
     EAGER_COMPACTION,
+    DaemonProcess,
     cdc,
     slot_of,
     source_table,
@@ -174,6 +175,7 @@ def toast_pipeline(pg, broker_servers, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("toast")
     config = write_config(tmp / "cdc.toml", dsn, broker_servers, prefix, ["public.toast_default", "public.toast_full"])
     daemon = start_streaming(config, tmp / "daemon.log", dsn, slot_of(prefix))
+    DaemonProcess.started.remove(daemon)  # the module's, not one test's (conftest kills those after each test)
     try:
         yield dsn, prefix, daemon, broker_servers
     finally:

@@ -60,8 +60,8 @@ def test_topics_get_the_policy_and_ensure_repairs_what_loses_data(tmp_path, db, 
     }
     assert acct["problems"] == [] and acct["kind"] == "table"
     heartbeat = topics[f"{topic_prefix}.__cdc_heartbeat"]
-    assert heartbeat["kind"] == "heartbeat" and heartbeat["partitions"] == 1
-    assert heartbeat["settings"]["min.compaction.lag.ms"]["value"] == str(DELETE_RETENTION_MS)
+    assert heartbeat["kind"] == "internal" and heartbeat["partitions"] == 1
+    assert heartbeat["settings"]["cleanup.policy"]["value"] == "compact"
     assert [(p["setting"], p["loses_data"]) for p in topics[other]["problems"]] == [
         ("cleanup.policy", True), ("unclean.leader.election.enable", True),
     ]

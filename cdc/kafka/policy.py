@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cdc.config import TopicConfig
-from cdc.kafka.heartbeat import HEARTBEAT_SUFFIX
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -103,13 +102,11 @@ DLQ_SUFFIX = "__cdc_dlq"  # the sinks' dead letters (sinks.topics.DLQ)
 
 
 def kind_of(prefix: str, name: str, log_only: bool = False) -> str:
-    """`table`, `heartbeat` (the daemon's LSN heartbeats, kept for the tombstone horizon),
-    `internal` (compacted bookkeeping: state, schemas, sink progress) or `log` (dead letters)."""
+    """`table`, `internal` (compacted bookkeeping: the snapshot state, table versions, heartbeats,
+    sink progress) or `log` (dead letters)."""
     rest = name[len(prefix) + 1:] if name.startswith(prefix + ".") else name
     if log_only or rest == DLQ_SUFFIX:
         return "log"
-    if rest == HEARTBEAT_SUFFIX:
-        return "heartbeat"
     return "internal" if "." not in rest else "table"
 
 
@@ -119,10 +116,6 @@ def creation_configs(config: TopicConfig, kind: str) -> dict[str, str]:
     if kind == "log":  # dead letters: every record counts and none supersedes another, kept until deleted
         return {"cleanup.policy": "delete", "retention.ms": "-1", **common}
     compacted = {"cleanup.policy": "compact", "unclean.leader.election.enable": "false", **common}
-    if kind == "heartbeat":
-        # one record a second at most: kept as long as a tombstone, it maps any LSN of that span
-        # to the time the daemon passed it (how far behind a sink is, in time)
-        return {**compacted, "min.compaction.lag.ms": str(DELETE_RETENTION_MS), "segment.ms": str(HOUR_MS)}
     if kind == "internal":
         return compacted
     return {
@@ -153,11 +146,10 @@ class Problem:
 
 def problems(
     topic: str, kind: str, configs: dict[str, str], replication_factor: int, config: TopicConfig,
-    longest_lag_ms: int | None = None, horizon_ms: int | None = None,
+    longest_lag_ms: int | None = None,
 ) -> list[Problem]:
     """What is wrong with a topic's settings (`configs`: name -> value as the broker reports
-    them). `longest_lag_ms`: the furthest behind any sink is, in time (table topics);
-    `horizon_ms`: the longest delete.retention.ms of the table topics (the heartbeat topic)."""
+    them). `longest_lag_ms`: the furthest behind any sink is, in time (table topics)."""
     out: list[Problem] = []
     policy = configs.get("cleanup.policy", "delete").split(",")
     if kind != "log":
@@ -188,15 +180,6 @@ def problems(
             f"shorter than the longest sink lag ({duration(longest_lag_ms)}): that sink may miss deletes for good",
             f"raise it to {wanted} (cdc topics ensure does) and catch the sink up, or rebuild its store",
             True, ("delete.retention.ms", str(wanted)),
-        ))
-    lag = _int(configs.get("min.compaction.lag.ms"))
-    if kind == "heartbeat" and horizon_ms is not None and (lag or 0) < horizon_ms:
-        out.append(Problem(
-            topic, "min.compaction.lag.ms", str(lag),
-            f"heartbeats are compacted before the tables' tombstones expire ({horizon_ms} ms): cdc status "
-            "cannot tell how far behind a stopped sink is",
-            "set it to the longest delete.retention.ms of the table topics (cdc topics ensure does)",
-            False, ("min.compaction.lag.ms", str(horizon_ms)),
         ))
     insync = _int(configs.get("min.insync.replicas")) or 1
     if insync > replication_factor > 0:

@@ -153,6 +153,8 @@ class SourceSide:
         self.config = config
         self.catalog = catalog
         self.conn = psycopg.connect(pinned_conninfo(config.source.dsn, application_name="cdc-verify"), autocommit=True)
+        # outside the snapshot: what PostgreSQL holds now (each statement sees the latest commits)
+        self.now = psycopg.connect(pinned_conninfo(config.source.dsn, application_name="cdc-verify"), autocommit=True)
         self.lsn = 0
         self._python: dict[str, LocalDigest] = {}  # tables rendered in Python, at the current snapshot
 
@@ -227,17 +229,19 @@ class SourceSide:
         query = f"SELECT k, h FROM ({_escaped(self._hashed(table))}) hashed WHERE b = ANY(%s)"
         return {k.encode(): int(h) for k, h in self.conn.execute(query, (list(segments),))}
 
-    def fetch(self, table: SourceTable, keys: list[bytes]) -> dict[bytes, Found]:
+    def fetch(self, table: SourceTable, keys: list[bytes], now: bool = False) -> dict[bytes, Found]:
+        """The rows of these keys in the snapshot, or (`now`) as PostgreSQL holds them now."""
+        conn = self.now if now else self.conn
         if table.key_sql is None:
             wanted = set(keys)
-            return {k: Found(v) for k, v in self._rendered(table) if k in wanted}
+            return {k: Found(v) for k, v in self._rendered(table, conn) if k in wanted}
         query = f"SELECT k, r FROM ({_escaped(self._hashed(table))}) hashed WHERE k = ANY(%s)"
-        return {k.encode(): Found(orjson.loads(r)) for k, r in self.conn.execute(query, ([k.decode() for k in keys],))}
+        return {k.encode(): Found(orjson.loads(r)) for k, r in conn.execute(query, ([k.decode() for k in keys],))}
 
     # -- tables SQL cannot render: COPY, and cdc's own renderer ---------------------------
-    def _rendered(self, table: SourceTable) -> Iterator[tuple[bytes, list[Any]]]:
+    def _rendered(self, table: SourceTable, conn: psycopg.Connection | None = None) -> Iterator[tuple[bytes, list[Any]]]:
         events, columns = table.events, table.spec.columns
-        with self.conn.cursor().copy(table.table.copy_sql()) as copy:
+        with (conn or self.conn).cursor().copy(table.table.copy_sql()) as copy:
             for line in copy:
                 row = events.row(parse_line(line))
                 yield events.key(row), row_values(row, columns)
@@ -255,3 +259,4 @@ class SourceSide:
         for digest in self._python.values():
             digest.close()
         self.conn.close()
+        self.now.close()

@@ -25,7 +25,6 @@ from cdc.kafka.policy import duration
 from cdc.source.preflight import PreflightError, check_server, connect_catalog, resolve_tables
 from cdc.source.replication import format_lsn
 from cdc.verify.postgres import SourceSide, SourceTable
-from compaction.canonical import row_hash, row_text
 from compaction.verify import EXAMPLES, Outcome, Side, candidates, differing, example, judge
 from compaction.verify_topic import TopicSide
 
@@ -33,6 +32,7 @@ log = logging.getLogger(__name__)
 
 STORES = ("delta", "search", "cache")
 ROUNDS = 3  # looks again at differing keys, each at a newer snapshot
+IDLE_S = 10.0  # a slot without a walsender this long: its daemon is not running
 RECHECK_LIMIT = 10000  # differing keys per table and side looked at again (beyond: reported as found)
 
 
@@ -122,10 +122,19 @@ class _Waiter:
         return (None, False) if row is None else (None if row[0] is None else int(row[0]), bool(row[1]))
 
     def topics(self, lsn: int) -> str | None:
-        """None once the slot is confirmed past `lsn`; else why not."""
+        """None once the slot is confirmed past `lsn`; else why not (a slot nobody streams from
+        for 10 s will not move: no need to wait out the timeout)."""
+        idle_since: list[float] = []
+
         def done() -> bool:
             confirmed, active = self.confirmed()
-            return confirmed is not None and (confirmed >= lsn or not active)
+            if confirmed is None or confirmed >= lsn:
+                return True
+            if active:
+                idle_since.clear()
+            elif not idle_since:
+                idle_since.append(time.monotonic())
+            return bool(idle_since) and time.monotonic() - idle_since[0] > IDLE_S
 
         self._until(done)
         confirmed, active = self.confirmed()
@@ -217,17 +226,16 @@ def verify(config: Config, patterns: list[str], stores: list[str] | None, timeou
         report = Report(lsn, [s.name for s in sides])
         late = waiter.topics(lsn)
         pending: dict[tuple[str, str], dict[bytes, str]] = {}
-        before: dict[str, dict[bytes, int | None]] = {}  # PostgreSQL's row hashes at the last snapshot, per table
         for table in tables:
             reference = source.digest(table)
             outcomes = []
             for side in sides:
-                outcome, found = _compare(source, side, table, reference, lsn, late, waiter, before)
+                outcome, found = _compare(source, side, table, reference, lsn, late, waiter)
                 outcomes.append(outcome)
                 if found:
                     pending[(side.name, table.spec.topic)] = found
             report.tables.append((table, sum(n for n, _ in reference.values()), outcomes))
-        _rounds(report, source, sides, waiter, pending, before, catalog)
+        _rounds(report, source, sides, waiter, pending, catalog)
         report.seconds = time.monotonic() - started
         return report
     finally:
@@ -248,7 +256,7 @@ def _snapshot(source: SourceSide, config: Config) -> int:
 
 def _compare(
     source: SourceSide, side: Side, table: SourceTable, reference: dict[int, tuple[int, int]], lsn: int,
-    late: str | None, waiter: _Waiter, before: dict[str, dict[bytes, int | None]],
+    late: str | None, waiter: _Waiter,
 ) -> tuple[Outcome, dict[bytes, str]]:
     """The first round of one side and table: digests, then the keys of the differing segments."""
     spec = table.spec
@@ -263,20 +271,18 @@ def _compare(
     segments = differing(reference, digest)
     if not segments:
         return outcome, {}
-    ours = source.hashes(table, segments)
-    before.setdefault(spec.topic, {}).update(ours)
-    found = candidates(ours, side.hashes(spec, segments))
+    found = candidates(source.hashes(table, segments), side.hashes(spec, segments))
     if len(found) > RECHECK_LIMIT:  # a store far from its table: no change in flight explains it, no round needed
         beyond = list(found)[RECHECK_LIMIT:]
         outcome.mismatches.update((k, found.pop(k)) for k in beyond)
     return outcome, found
 
 
-def _rounds(
-    report: Report, source: SourceSide, sides: list[Side], waiter: _Waiter,
-    pending: dict[tuple[str, str], dict[bytes, str]], before: dict[str, dict[bytes, int | None]], catalog: Any,
-) -> None:
-    """Look again at the differing keys, each round at a newer snapshot (compaction.verify.judge)."""
+def _rounds(report: Report, source: SourceSide, sides: list[Side], waiter: _Waiter,
+            pending: dict[tuple[str, str], dict[bytes, str]], catalog: Any) -> None:
+    """Look again at the differing keys, each round at a newer snapshot (compaction.verify.judge).
+    A key the side holds no position for is judged only if PostgreSQL's row did not change from
+    the snapshot until after the side was read: the side cannot have applied a newer change."""
     by_name = {s.name: s for s in sides}
     outcomes = {(o.side, t.spec.topic): o for t, _, os in report.tables for o in os}
     tables = {t.spec.topic: t for t, _, _ in report.tables}
@@ -297,11 +303,11 @@ def _rounds(
             theirs = side.fetch(table.spec, wanted)
             row = catalog.conn.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()
             wal = int(row[0])
-            earlier = before.setdefault(topic, {})
+            later = source.fetch(table, wanted, now=True)
             for key in wanted:
                 reference = ours[key].values if key in ours else None
-                now = None if reference is None else row_hash(row_text(reference))
-                verdict = judge(reference, theirs.get(key), lsn, wal, stable=earlier.get(key) == now)
+                stable = reference == (later[key].values if key in later else None)
+                verdict = judge(reference, theirs.get(key), lsn, wal, stable)
                 if verdict == "changing":
                     continue
                 del keys[key]
@@ -312,9 +318,6 @@ def _rounds(
                         outcome.examples.append(example(
                             key, verdict, table.spec.columns, reference, None if found is None else found.values, name,
                         ))
-            for key in wanted:
-                reference = ours[key].values if key in ours else None
-                earlier[key] = None if reference is None else row_hash(row_text(reference))
             if not keys:
                 del pending[(name, topic)]
     for (name, topic), keys in pending.items():
