@@ -164,6 +164,8 @@ class Outcome:
     changing: list[bytes] = field(default_factory=list)  # keys changed while they were checked
     examples: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None  # the side could not be compared (why)
+    waited: float = 0.0  # seconds until the side was complete up to the snapshot
+    seconds: float = 0.0  # its digest and the narrowing
 
     def count(self, kind: str) -> int:
         return sum(1 for k in self.mismatches.values() if k == kind)
@@ -178,6 +180,7 @@ class Outcome:
             "rows": {"postgres": self.reference_rows, self.side: self.rows},
             "missing": self.count("missing"), "extra": self.count("extra"), "different": self.count("different"),
             "changing": len(self.changing), "examples": self.examples, "error": self.error,
+            "waited_seconds": round(self.waited, 2), "seconds": round(self.seconds, 2),
         }
 
 

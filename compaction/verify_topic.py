@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from cdc.config import TopicConfig
 from cdc.kafka.reader import read_topic
 from compaction.canonical import row_values
@@ -17,15 +19,20 @@ class TopicSide:
 
     def __init__(self, config: TopicConfig) -> None:
         self.config = config
+        self._lock = threading.RLock()  # the stores' waits read it too, from their threads
         self._tables: dict[str, TopicTable] = {}
         self._ends: dict[str, dict[int, int]] = {}
         self._digests: dict[str, LocalDigest] = {}
 
     def read(self, table: TableSpec) -> TopicTable:
         """The topic's table, with every record up to the topic's current end folded in."""
+        with self._lock:
+            return self._read(table)
+
+    def _read(self, table: TableSpec) -> TopicTable:
         fold = self._tables.get(table.topic)
         if fold is None:
-            fold = self._tables[table.topic] = TopicTable()
+            fold = self._tables[table.topic] = TopicTable(threadsafe=True)
         ends: dict[int, int] = {}
         try:
             fold.extend(read_topic(self.config, table.topic, start=self._ends.get(table.topic), ends=ends))
@@ -36,8 +43,9 @@ class TopicSide:
 
     def digest(self, table: TableSpec) -> Digest:
         found = LocalDigest(table.bits)
-        for row in self.read(table).rows():
-            found.add(row.key, row_values(row.row, table.columns, row.unresolved))
+        with self._lock:
+            for row in self._read(table).rows():
+                found.add(row.key, row_values(row.row, table.columns, row.unresolved))
         old = self._digests.pop(table.topic, None)
         if old is not None:
             old.close()
@@ -48,7 +56,8 @@ class TopicSide:
         return self._digests[table.topic].hashes(segments)
 
     def fetch(self, table: TableSpec, keys: list[bytes]) -> dict[bytes, Found]:
-        states = self.read(table).lookup(keys)
+        with self._lock:
+            states = self._read(table).lookup(keys)
         return {
             k: Found(None if s.row is None else row_values(s.row, table.columns, s.unresolved), s.position)
             for k, s in states.items()

@@ -263,3 +263,23 @@ def test_the_compacted_log_reads_as_the_source_table(toast_pipeline, workload, c
                 if log is records:  # every record there: only a key changed to (id >= 100) has no earlier value
                     assert all(orjson.loads(k)["id"] >= 100 for k in unresolved)
                 assert _without(got, unresolved) == _without(source, unresolved)
+
+
+def test_both_clients_read_a_topic_alike(db, run_daemon, broker_servers, topic_prefix) -> None:
+    """The topic reader with kafka-python and with confluent-kafka: the same records, from
+    offset 0 and from given offsets, and the same end offsets to go on from."""
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'n' FROM generate_series(1, 300) g")
+    daemon, slot = run_daemon(["public.acct"])
+    db.execute("DELETE FROM public.acct WHERE id % 3 = 0")
+    wait_caught_up(db.dsn, slot, daemon)
+    topic = topic_name(topic_prefix, "public", "acct")
+    seen = {}
+    for client in ("kafka-python", "confluent"):
+        config = TopicConfig(bootstrap_servers=broker_servers, client=client)
+        ends: dict[int, int] = {}
+        records = sorted(read_topic(config, topic, ends=ends), key=lambda r: (r.partition, r.offset))
+        later = sorted(read_topic(config, topic, start={p: o // 2 for p, o in ends.items()}), key=lambda r: (r.partition, r.offset))
+        seen[client] = ([(r.partition, r.offset, r.key, r.value) for r in records], ends, len(later))
+    assert seen["kafka-python"] == seen["confluent"]
+    assert sum(seen["confluent"][1].values()) == 300 + 100 * 2

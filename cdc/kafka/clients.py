@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from cdc.config import TopicConfig
-from cdc.kafka.security import security_settings
+from cdc.kafka.security import librdkafka_security, security_settings
 
 
 def consumer(config: TopicConfig, client_id: str, **overrides: Any) -> Any:
@@ -46,3 +46,20 @@ def producer(config: TopicConfig, client_id: str, **overrides: Any) -> Any:
     }
     settings.update(overrides)
     return KafkaProducer(**settings)
+
+
+def confluent_consumer(config: TopicConfig, client_id: str) -> Any:
+    """A confluent-kafka (librdkafka) consumer, for `[topic] client = "confluent"`: assigned
+    partitions only, nothing committed (its group id is never used)."""
+    from confluent_kafka import Consumer
+
+    return Consumer({
+        "bootstrap.servers": config.bootstrap_servers,
+        "client.id": client_id,
+        "group.id": client_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "fetch.max.bytes": max(52428800, config.max_message_bytes * 2),
+        "max.partition.fetch.bytes": max(1048576, config.max_message_bytes * 2),
+        **librdkafka_security(config),
+    })

@@ -7,11 +7,12 @@ moves anyone's committed offsets.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from cdc.config import TopicConfig
-from cdc.kafka.clients import consumer
+from cdc.kafka.clients import confluent_consumer, consumer
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,11 @@ def read_topic(
 
     Without `follow` it stops at the end offsets seen when it started (written into `ends`
     when given, so a later call can go on from there with `start`); with `follow` it keeps
-    waiting for new records. `idle_timeout_s` bounds a wait that makes no progress."""
+    waiting for new records. `idle_timeout_s` bounds a wait that makes no progress. With
+    `[topic] client = "confluent"` a bounded read goes through librdkafka (several times faster)."""
+    if config.client == "confluent" and not follow and not from_end:
+        yield from _read_confluent(config, topic, idle_timeout_s, start, ends)
+        return
     from kafka.structs import TopicPartition
 
     client = consumer(config, "cdc-reader")
@@ -71,5 +76,47 @@ def read_topic(
                     yield TopicRecord(topic, tp.partition, r.offset, r.key, r.value, r.timestamp)
                 if tp in remaining and client.position(tp) >= end:
                     remaining.discard(tp)
+    finally:
+        client.close()
+
+
+def _read_confluent(
+    config: TopicConfig, topic: str, idle_timeout_s: float, start: Mapping[int, int] | None, ends: dict[int, int] | None,
+) -> Iterator[TopicRecord]:
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    client = confluent_consumer(config, "cdc-reader")
+    try:
+        found = client.list_topics(topic, timeout=idle_timeout_s).topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise LookupError(f"topic {topic} does not exist")
+        last = {p: client.get_watermark_offsets(TopicPartition(topic, p), timeout=idle_timeout_s)[1] for p in found.partitions}
+        if ends is not None:
+            ends.update(last)
+        first = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in last}
+        remaining = {p for p in last if first[p] == OFFSET_BEGINNING or first[p] < last[p]}
+        client.assign([TopicPartition(topic, p, first[p]) for p in sorted(remaining)])
+        progress = time.monotonic()
+        while remaining:
+            batch = client.consume(10000, timeout=0.2)  # returns at 10000 records or after the timeout
+            if not batch:
+                positions = {tp.partition: tp.offset for tp in client.position([TopicPartition(topic, p) for p in remaining])}
+                done = {p for p, at in positions.items() if at >= last[p]}
+                if not done and time.monotonic() - progress > idle_timeout_s:
+                    raise TimeoutError(f"no progress reading {topic} for {idle_timeout_s} s")
+                remaining -= done
+                continue
+            progress = time.monotonic()
+            for m in batch:
+                if m.error() is not None:
+                    raise LookupError(f"reading topic {topic} failed: {m.error()}")
+                partition, offset = m.partition(), m.offset()
+                if offset < last[partition]:
+                    yield TopicRecord(topic, partition, offset, m.key(), m.value(), m.timestamp()[1])
+                if offset >= last[partition] - 1:
+                    remaining.discard(partition)
+            if remaining:  # compaction leaves gaps: a partition may end before its last offset shows
+                positions = client.position([TopicPartition(topic, p) for p in remaining])
+                remaining -= {tp.partition for tp in positions if tp.offset >= last[tp.partition]}
     finally:
         client.close()

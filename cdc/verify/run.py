@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -25,7 +26,7 @@ from cdc.kafka.policy import duration
 from cdc.source.preflight import PreflightError, check_server, connect_catalog, resolve_tables
 from cdc.source.replication import format_lsn
 from cdc.verify.postgres import SourceSide, SourceTable
-from compaction.verify import EXAMPLES, Outcome, Side, candidates, differing, example, judge
+from compaction.verify import EXAMPLES, Digest, Outcome, Side, candidates, differing, example, judge
 from compaction.verify_topic import TopicSide
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class Report:
     sides: list[str]
     tables: list[tuple[SourceTable, int, list[Outcome]]] = field(default_factory=list)  # (table, rows, outcomes)
     seconds: float = 0.0
+    postgres_seconds: dict[str, float] = field(default_factory=dict)  # topic -> PostgreSQL's digest
 
     @property
     def ok(self) -> bool:
@@ -54,6 +56,7 @@ class Report:
                 {
                     "table": t.spec.display, "postgres_rows": rows,
                     "postgres_hashed": "in SQL" if t.why_python is None else f"in Python (columns {t.why_python})",
+                    "postgres_seconds": round(self.postgres_seconds.get(t.spec.topic, 0.0), 2),
                     "sides": [o.as_json() for o in outcomes],
                 }
                 for t, rows, outcomes in self.tables
@@ -226,15 +229,22 @@ def verify(config: Config, patterns: list[str], stores: list[str] | None, timeou
         report = Report(lsn, [s.name for s in sides])
         late = waiter.topics(lsn)
         pending: dict[tuple[str, str], dict[bytes, str]] = {}
-        for table in tables:
-            reference = source.digest(table)
-            outcomes = []
-            for side in sides:
-                outcome, found = _compare(source, side, table, reference, lsn, late, waiter)
-                outcomes.append(outcome)
-                if found:
-                    pending[(side.name, table.spec.topic)] = found
-            report.tables.append((table, sum(n for n, _ in reference.values()), outcomes))
+        with ThreadPoolExecutor(len(sides) + 1, thread_name_prefix="cdc-verify") as pool:
+            for table in tables:  # every side's digest at once: each waits on its own server
+                ours = pool.submit(_timed, lambda t=table: source.digest(t))
+                theirs = [pool.submit(_digest, side, table, lsn, late, waiter) for side in sides]
+                reference, seconds = ours.result()
+                report.postgres_seconds[table.spec.topic] = seconds
+                outcomes = []
+                for side, future in zip(sides, theirs, strict=True):
+                    outcome, digest = future.result()
+                    outcome.reference_rows = sum(n for n, _ in reference.values())
+                    if digest is not None:
+                        found = _narrow(source, side, table, reference, digest, outcome)
+                        if found:
+                            pending[(side.name, table.spec.topic)] = found
+                    outcomes.append(outcome)
+                report.tables.append((table, sum(n for n, _ in reference.values()), outcomes))
         _rounds(report, source, sides, waiter, pending, catalog)
         report.seconds = time.monotonic() - started
         return report
@@ -254,28 +264,41 @@ def _snapshot(source: SourceSide, config: Config) -> int:
     return lsn
 
 
-def _compare(
-    source: SourceSide, side: Side, table: SourceTable, reference: dict[int, tuple[int, int]], lsn: int,
-    late: str | None, waiter: _Waiter,
-) -> tuple[Outcome, dict[bytes, str]]:
-    """The first round of one side and table: digests, then the keys of the differing segments."""
-    spec = table.spec
-    rows = sum(n for n, _ in reference.values())
-    outcome = Outcome(side.name, spec.display, rows, 0)
+T = TypeVar("T")
+
+
+def _timed(work: Callable[[], T]) -> tuple[T, float]:
+    started = time.monotonic()
+    return work(), time.monotonic() - started
+
+
+def _digest(side: Side, table: SourceTable, lsn: int, late: str | None, waiter: _Waiter) -> tuple[Outcome, Digest | None]:
+    """One side's digest of a table, once it is complete up to the snapshot (None: it is not)."""
+    outcome = Outcome(side.name, table.spec.display, 0, 0)
+    started = time.monotonic()
     error = late if late is not None else None if side.name == "topic" else waiter.store(side.name, table, lsn)
+    outcome.waited = time.monotonic() - started
     if error is not None:
         outcome.error = error
-        return outcome, {}
-    digest = side.digest(spec)
+        return outcome, None
+    digest, outcome.seconds = _timed(lambda: side.digest(table.spec))
     outcome.rows = sum(n for n, _ in digest.values())
+    return outcome, digest
+
+
+def _narrow(source: SourceSide, side: Side, table: SourceTable, reference: Digest, digest: Digest,
+            outcome: Outcome) -> dict[bytes, str]:
+    """The keys of the segments whose digests differ that differ (looked at again in rounds)."""
+    started = time.monotonic()
     segments = differing(reference, digest)
     if not segments:
-        return outcome, {}
-    found = candidates(source.hashes(table, segments), side.hashes(spec, segments))
+        return {}
+    found = candidates(source.hashes(table, segments), side.hashes(table.spec, segments))
     if len(found) > RECHECK_LIMIT:  # a store far from its table: no change in flight explains it, no round needed
         beyond = list(found)[RECHECK_LIMIT:]
         outcome.mismatches.update((k, found.pop(k)) for k in beyond)
-    return outcome, found
+    outcome.seconds += time.monotonic() - started
+    return found
 
 
 def _rounds(report: Report, source: SourceSide, sides: list[Side], waiter: _Waiter,
