@@ -21,6 +21,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from cdc.config import TopicConfig
 from cdc.events.records import TRUNCATE_KEY
 from cdc.kafka.reader import TopicRecord, read_topic
+from cdc.kafka.topics import TopicAdmin
 from cdc.naming import topic_name
 from compaction.table import build
 from tests.support import (
@@ -283,3 +284,9 @@ def test_both_clients_read_a_topic_alike(db, run_daemon, broker_servers, topic_p
         seen[client] = ([(r.partition, r.offset, r.key, r.value) for r in records], ends, len(later))
     assert seen["kafka-python"] == seen["confluent"]
     assert sum(seen["confluent"][1].values()) == 300 + 100 * 2
+    empty = f"{topic_prefix}.public.empty"
+    admin = TopicAdmin(TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix))
+    admin.ensure([empty])
+    admin.close()
+    for client in ("kafka-python", "confluent"):  # an empty topic ends at once
+        assert list(read_topic(TopicConfig(bootstrap_servers=broker_servers, client=client), empty, idle_timeout_s=5)) == []

@@ -90,11 +90,12 @@ def _read_confluent(
         found = client.list_topics(topic, timeout=idle_timeout_s).topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
             raise LookupError(f"topic {topic} does not exist")
-        last = {p: client.get_watermark_offsets(TopicPartition(topic, p), timeout=idle_timeout_s)[1] for p in found.partitions}
+        marks = {p: client.get_watermark_offsets(TopicPartition(topic, p), timeout=idle_timeout_s) for p in found.partitions}
+        last = {p: high for p, (_, high) in marks.items()}
         if ends is not None:
             ends.update(last)
         first = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in last}
-        remaining = {p for p in last if first[p] == OFFSET_BEGINNING or first[p] < last[p]}
+        remaining = {p for p in last if max(marks[p][0], first[p]) < last[p]}
         client.assign([TopicPartition(topic, p, first[p]) for p in sorted(remaining)])
         progress = time.monotonic()
         while remaining:
