@@ -77,10 +77,31 @@ def value(raw: Any, connect: dict[str, Any]) -> Any:
     return raw
 
 
+def _needs_work(connect: dict[str, Any]) -> bool:
+    """Whether a column's event value differs from its canonical one (else: taken as it is)."""
+    kind = connect.get("type")
+    return kind in ("float", "double", "array", "struct") or connect.get("name") in JSON_NAMES
+
+
+_PLANS: dict[int, tuple[Sequence[Column], list[tuple[str, dict[str, Any] | None]]]] = {}
+
+
+def _plan(columns: Sequence[Column]) -> list[tuple[str, dict[str, Any] | None]]:
+    found = _PLANS.get(id(columns))
+    if found is None or found[0] is not columns:
+        found = _PLANS[id(columns)] = (columns, [(c.name, c.connect if _needs_work(c.connect) else None) for c in columns])
+    return found[1]
+
+
 def row_values(row: dict[str, Any], columns: Sequence[Column], unresolved: Iterable[str] = ()) -> list[Any]:
-    """A row's canonical values in column order."""
-    missing = set(unresolved)
-    return [UNAVAILABLE if c.name in missing else value(row.get(c.name), c.connect) for c in columns]
+    """A row's canonical values in column order (most columns are taken as they are: the
+    conversions are planned once per column list)."""
+    plan = _plan(columns)
+    values = [row.get(name) if connect is None else value(row.get(name), connect) for name, connect in plan]
+    if unresolved:
+        missing = set(unresolved)
+        values = [UNAVAILABLE if name in missing else v for (name, _), v in zip(plan, values, strict=True)]
+    return values
 
 
 def row_text(values: list[Any]) -> bytes:

@@ -91,6 +91,15 @@ class Partition:
         return self.at(lo) if lo < self.end else None
 
 
+def newest_commit(client: Any, topic: str, partitions: int) -> int:
+    """The highest commit LSN of the changes a table topic ends with (0: none), from the last
+    records of its partitions only."""
+    from kafka.structs import TopicPartition
+
+    lasts = (Partition(client, TopicPartition(topic, p)).last() for p in range(partitions))
+    return max((c.commit_lsn for c in lasts if c is not None), default=0)
+
+
 def oldest_unapplied(config: TopicConfig, topics: dict[str, int], complete: dict[str, int]) -> dict[str, int | None]:
     """Per sink (name -> its complete_lsn), when the oldest change it has not applied reached the
     broker (ms; None: it has applied every change the table topics hold). `topics`: name -> partitions."""

@@ -20,17 +20,14 @@ the check and is reported as such, not as a mismatch.
 
 from __future__ import annotations
 
-import os
-import sqlite3
-import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from compaction.canonical import Column, bucket, row_hash, row_text
 
 Digest = dict[int, tuple[int, int]]  # segment -> (rows, XOR of the row hashes)
+T = TypeVar("T")
 EXAMPLES = 5  # differing keys shown per table and side
 
 
@@ -64,66 +61,24 @@ class Side(Protocol):
     def fetch(self, table: TableSpec, keys: list[bytes]) -> dict[bytes, Found]: ...
 
 
-class LocalDigest:
-    """Row hashes computed here, for a side without compute of its own: per segment (rows, XOR)
-    in memory, and per row (segment, key, hash; the canonical text with `keep_text`) in a
-    SQLite file, for the narrowing. Memory stays bounded whatever the table's size."""
+def digest_of(pairs: Iterable[tuple[bytes, T]], values: Callable[[T], list[Any]], bits: int) -> Digest:
+    """The digest of rows read here (a side without compute of its own): `pairs` are
+    (key, the row as the side holds it), `values` its canonical values. Memory holds the
+    segments only, whatever the table's size."""
+    out: Digest = {}
+    for key, raw in pairs:
+        h = row_hash(row_text(values(raw)))
+        segment = bucket(key, bits)
+        rows, xor = out.get(segment, (0, 0))
+        out[segment] = (rows + 1, xor ^ h)
+    return out
 
-    def __init__(self, bits: int, keep_text: bool = False) -> None:
-        fd, name = tempfile.mkstemp(prefix="cdc-verify-", suffix=".sqlite")
-        os.close(fd)
-        self.path = Path(name)
-        self.bits = bits
-        self.keep_text = keep_text
-        self.segments: Digest = {}
-        self.rows = 0
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        for pragma in ("journal_mode = OFF", "synchronous = OFF", "cache_size = -32768"):
-            self._db.execute(f"PRAGMA {pragma}")
-        self._db.execute("CREATE TABLE rows (segment INTEGER, key BLOB, hash INTEGER, text BLOB)")
-        self._batch: list[tuple[int, bytes, int, bytes | None]] = []
 
-    def add(self, key: bytes, values: list[Any]) -> None:
-        text = row_text(values)
-        h = row_hash(text)
-        segment = bucket(key, self.bits)
-        rows, xor = self.segments.get(segment, (0, 0))
-        self.segments[segment] = (rows + 1, xor ^ h)
-        self.rows += 1
-        self._batch.append((segment, key, h, text if self.keep_text else None))
-        if len(self._batch) >= 10000:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._batch:
-            self._db.execute("BEGIN")
-            self._db.executemany("INSERT INTO rows VALUES (?, ?, ?, ?)", self._batch)
-            self._db.execute("COMMIT")
-            self._batch.clear()
-
-    def done(self) -> LocalDigest:
-        self._flush()
-        self._db.execute("CREATE INDEX rows_segment ON rows (segment)")
-        self._db.execute("CREATE INDEX rows_key ON rows (key)")
-        return self
-
-    def hashes(self, segments: Iterable[int]) -> dict[bytes, int]:
-        out: dict[bytes, int] = {}
-        for segment in segments:
-            out.update(self._db.execute("SELECT key, hash FROM rows WHERE segment = ?", (segment,)).fetchall())
-        return out
-
-    def texts(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
-        out = {}
-        for key in keys:
-            row = self._db.execute("SELECT text FROM rows WHERE key = ?", (key,)).fetchone()
-            if row is not None:
-                out[key] = row[0]
-        return out
-
-    def close(self) -> None:
-        self._db.close()
-        self.path.unlink(missing_ok=True)
+def hashes_of(pairs: Iterable[tuple[bytes, T]], values: Callable[[T], list[Any]], bits: int,
+              segments: set[int]) -> dict[bytes, int]:
+    """The row hashes of some segments, from another read of the rows (only where digests
+    differ: the common case, every side agreeing, reads each side once)."""
+    return {key: row_hash(row_text(values(raw))) for key, raw in pairs if bucket(key, bits) in segments}
 
 
 def differing(reference: Digest, side: Digest) -> set[int]:

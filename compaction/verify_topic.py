@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 from cdc.config import TopicConfig
+from cdc.kafka.clients import consumer
 from cdc.kafka.reader import read_topic
 from compaction.canonical import row_values
-from compaction.table import TopicTable
-from compaction.verify import Digest, Found, LocalDigest, TableSpec
+from compaction.horizon import newest_commit
+from compaction.table import TableRow, TopicTable
+from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 
 
 class TopicSide:
@@ -19,10 +23,11 @@ class TopicSide:
 
     def __init__(self, config: TopicConfig) -> None:
         self.config = config
-        self._lock = threading.RLock()  # the stores' waits read it too, from their threads
+        self._lock = threading.RLock()
+        self._probe: Any = None  # looks at the ends of the topics for the stores' waits, in their threads
+        self._probe_lock = threading.Lock()
         self._tables: dict[str, TopicTable] = {}
         self._ends: dict[str, dict[int, int]] = {}
-        self._digests: dict[str, LocalDigest] = {}
 
     def read(self, table: TableSpec) -> TopicTable:
         """The topic's table, with every record up to the topic's current end folded in."""
@@ -42,18 +47,17 @@ class TopicSide:
         return fold
 
     def digest(self, table: TableSpec) -> Digest:
-        found = LocalDigest(table.bits)
         with self._lock:
-            for row in self._read(table).rows():
-                found.add(row.key, row_values(row.row, table.columns, row.unresolved))
-        old = self._digests.pop(table.topic, None)
-        if old is not None:
-            old.close()
-        self._digests[table.topic] = found.done()
-        return dict(found.segments)
+            return digest_of(self._pairs(self._read(table)), _values(table), table.bits)
 
     def hashes(self, table: TableSpec, segments: set[int]) -> dict[bytes, int]:
-        return self._digests[table.topic].hashes(segments)
+        """Of the table as the digest read it (the rounds read on, after the narrowing)."""
+        with self._lock:
+            return hashes_of(self._pairs(self._tables[table.topic]), _values(table), table.bits, segments)
+
+    @staticmethod
+    def _pairs(fold: TopicTable) -> Iterator[tuple[bytes, TableRow]]:
+        return ((row.key, row) for row in fold.rows())
 
     def fetch(self, table: TableSpec, keys: list[bytes]) -> dict[bytes, Found]:
         with self._lock:
@@ -63,13 +67,21 @@ class TopicSide:
             for k, s in states.items()
         }
 
-    def max_commit(self, table: TableSpec) -> int:
-        """The highest commit LSN of any change read from the table's topic."""
-        fold = self._tables.get(table.topic)
-        return 0 if fold is None else fold.max_commit
+    def newest_commit(self, table: TableSpec) -> int:
+        """The highest commit LSN of the changes the table's topic holds now (a look at the end
+        of each partition: the fold stays as the digest read it)."""
+        with self._probe_lock:
+            if self._probe is None:
+                self._probe = consumer(self.config, "cdc-verify", max_poll_records=20, fetch_max_wait_ms=10)
+            partitions = self._probe.partitions_for_topic(table.topic) or set()
+            return newest_commit(self._probe, table.topic, len(partitions))
 
     def close(self) -> None:
-        for digest in self._digests.values():
-            digest.close()
         for fold in self._tables.values():
             fold.close()
+        if self._probe is not None:
+            self._probe.close()
+
+
+def _values(table: TableSpec) -> Any:
+    return lambda row: row_values(row.row, table.columns, row.unresolved)

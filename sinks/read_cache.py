@@ -9,13 +9,14 @@ marker says where a row went. To be folded into the store once the stores share 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
 from cdc.config import CacheConfig
 from compaction.canonical import row_values
-from compaction.verify import Digest, Found, LocalDigest, TableSpec
+from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 from sinks.cache import META, PIPELINE_KEYS, Settings, row_key
 
 
@@ -31,24 +32,21 @@ class CacheSide:
 
     def __init__(self, config: CacheConfig) -> None:
         self.client: Any = Settings.of(config).client()
-        self._digests: dict[str, LocalDigest] = {}
 
-    def digest(self, table: TableSpec) -> Digest:
-        found = LocalDigest(table.bits)
+    def _pairs(self, table: TableSpec) -> Iterator[tuple[bytes, bytes]]:
+        """(key JSON, row JSON) of every row a reader could GET."""
         prefix = f"{table.topic}:".encode()
         names = self.client.scan_iter(match=f"{table.topic}:*", count=PIPELINE_KEYS)
         while chunk := list(itertools.islice(names, PIPELINE_KEYS)):
             for name, value in zip(chunk, self.client.mget(chunk), strict=True):
                 if value is not None:  # deleted since the scan saw it
-                    found.add(name[len(prefix):], row_values(orjson.loads(value), table.columns))
-        old = self._digests.pop(table.topic, None)
-        if old is not None:
-            old.close()
-        self._digests[table.topic] = found.done()
-        return dict(found.segments)
+                    yield name[len(prefix):], value
+
+    def digest(self, table: TableSpec) -> Digest:
+        return digest_of(self._pairs(table), lambda v: row_values(orjson.loads(v), table.columns), table.bits)
 
     def hashes(self, table: TableSpec, segments: set[int]) -> dict[bytes, int]:
-        return self._digests[table.topic].hashes(segments)
+        return hashes_of(self._pairs(table), lambda v: row_values(orjson.loads(v), table.columns), table.bits, segments)
 
     def fetch(self, table: TableSpec, keys: list[bytes]) -> dict[bytes, Found]:
         out = {}
@@ -67,6 +65,4 @@ class CacheSide:
         return out
 
     def close(self) -> None:
-        for digest in self._digests.values():
-            digest.close()
         self.client.close()

@@ -1,10 +1,13 @@
 """The Delta warehouse's read side for `cdc verify` (compaction.verify.Side): `current/` hashed in Spark.
 
-The digest is computed by the executors, where the data is: each row's typed columns go back
-to the event's form (dates, timestamps and arrays of them by Spark's own functions, the rest
-by `event_form` on the executors), then compaction.canonical hashes it and Spark sums up the
-segments. Only the segments' (rows, XOR) pairs, the row hashes of differing segments and the
-rows of differing keys reach the driver. Positions are the rows' `_cdc_lsn`/`_cdc_seq`;
+The digest is computed where the data is. For a table whose columns Spark SQL can render in
+the canonical form exactly (integers, booleans, decimals, text that is not JSON, dates,
+timestamps, binary, arrays of integers, booleans or text) the whole row text, its MD5 and the
+segments' sums are Spark expressions: no row leaves the JVM. Otherwise each row's typed
+columns go back to the event's form on the executors (dates and timestamps as numbers by
+Spark's own functions, the rest in Python) and compaction.canonical hashes them there. Only
+the segments' (rows, XOR) pairs, the row hashes of differing segments and the rows of
+differing keys reach the driver; rows the narrowing fetches are always rendered in Python. Positions are the rows' `_cdc_lsn`/`_cdc_seq`;
 `current/` keeps no delete markers. To be folded into the store once the stores share one
 contract.
 """
@@ -23,15 +26,30 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
+    BooleanType,
     DataType,
     DateType,
+    DecimalType,
     FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
     TimestampNTZType,
     TimestampType,
 )
 
 from cdc.events.calendar import iso_utc
-from compaction.canonical import Column, bucket, row_hash, row_text, row_values
+from compaction.canonical import (
+    JSON_NAMES,
+    MAX_BITS,
+    Column,
+    bucket,
+    row_hash,
+    row_text,
+    row_values,
+)
 from compaction.verify import Digest, Found, TableSpec
 from sinks.delta import table_path
 
@@ -113,6 +131,74 @@ class _Rows:
                 yield key, h
 
 
+_INTEGERS = (ShortType, IntegerType, LongType)
+# Jackson writes these escapes with capital hex digits, orjson (the canonical form) with small ones
+_CAPITAL_ESCAPES = ("\\u000B", "\\u000E", "\\u000F", *(f"\\u001{c}" for c in "ABCDEF"))
+
+
+def _json_text(value: SparkColumn) -> SparkColumn:
+    """A string as a JSON string literal, escaped as orjson escapes it."""
+    quoted = F.to_json(F.struct(value.alias("v"))).substr(F.lit(6), F.length(F.to_json(F.struct(value.alias("v")))) - 6)
+    for escape in _CAPITAL_ESCAPES:
+        quoted = F.replace(quoted, F.lit(escape), F.lit(escape.lower()))
+    return quoted
+
+
+def _native(value: SparkColumn, kind: DataType, connect: dict[str, Any]) -> SparkColumn | None:
+    """The canonical JSON text of a typed column as Spark expressions, where they are exact
+    (None: this column goes through Python)."""
+    name = connect.get("name")
+    if name in JSON_NAMES:
+        return None  # compared by meaning: parsed in Python
+    if isinstance(kind, _INTEGERS):
+        if name in ("io.debezium.time.Time",):
+            return F.floor(value / 1000).cast("string")  # the event's ms (the warehouse keeps µs)
+        return value.cast("string")
+    if isinstance(kind, BooleanType):
+        return F.when(value, F.lit("true")).otherwise(F.lit("false"))
+    if isinstance(kind, StringType):
+        return _json_text(value)
+    if isinstance(kind, DecimalType):
+        return F.concat(F.lit('"'), value.cast("string"), F.lit('"'))
+    if isinstance(kind, DateType):
+        return F.unix_date(value).cast("string")
+    if isinstance(kind, TimestampNTZType):
+        micros = F.unix_micros(value.cast("timestamp"))
+        return (F.floor(micros / 1000) if name == "io.debezium.time.Timestamp" else micros).cast("string")
+    if isinstance(kind, TimestampType):
+        micros = F.unix_micros(value)
+        fraction = F.regexp_replace(F.date_format(value, "SSSSSS"), "0+$", "")
+        iso = F.concat(
+            F.lit('"'), F.date_format(value, "yyyy-MM-dd'T'HH:mm:ss"),
+            F.when(fraction == "", F.lit("")).otherwise(F.concat(F.lit("."), fraction)), F.lit('Z"'),
+        )
+        outside = F.lit('"(a year Spark and Python print apart)"')  # compared in Python, if it differs
+        return (
+            F.when(micros == F.lit(9223372036825200000), F.lit('"infinity"'))
+            .when(micros == F.lit(-9223372036832400000), F.lit('"-infinity"'))
+            .when(F.year(value).between(1, 9999), iso).otherwise(outside)
+        )
+    if isinstance(kind, BinaryType):
+        return F.concat(F.lit('"'), F.replace(F.base64(value), F.lit("\r\n"), F.lit("")), F.lit('"'))
+    if isinstance(kind, ArrayType):
+        element = kind.elementType
+        if isinstance(element, _INTEGERS + (BooleanType,)) or (
+            isinstance(element, StringType) and connect.get("items", {}).get("name") not in JSON_NAMES
+        ):
+            text = F.to_json(value)
+            for escape in _CAPITAL_ESCAPES:
+                text = F.replace(text, F.lit(escape), F.lit(escape.lower()))
+            return text
+    return None
+
+
+def _signed(hex16: SparkColumn) -> SparkColumn:
+    """16 hex digits as a signed 64-bit integer (Python's `int.from_bytes(..., signed=True)`)."""
+    unsigned = F.conv(hex16, 16, 10).cast(DecimalType(20, 0))
+    high, wrap = F.lit(str(2**63)).cast(DecimalType(20, 0)), F.lit(str(2**64)).cast(DecimalType(20, 0))
+    return F.when(unsigned >= high, unsigned - wrap).otherwise(unsigned).cast("long")
+
+
 def _merge(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
     return a[0] + b[0], a[1] ^ b[1]
 
@@ -139,18 +225,48 @@ class DeltaSide:
         ]
         return frame.select(*selected), kinds
 
+    def _hashed(self, table: TableSpec) -> DataFrame | None:
+        """(key, segment, row hash) of every row as Spark expressions, when every column has one."""
+        path = table_path(self.root, "current", table.topic)
+        frame = self.spark.read.format("delta").load(path)
+        types = {f.name: f.dataType for f in frame.schema.fields}
+        parts = []
+        for c in table.columns:
+            kind = types.get(c.name)
+            if kind is None:
+                parts.append(F.lit("null"))
+                continue
+            column = F.col(f"`{c.name.replace('`', '``')}`")
+            text = _native(column, kind, c.connect)
+            if text is None:
+                return None
+            parts.append(F.when(column.isNull(), F.lit("null")).otherwise(text))
+        row = F.concat(F.lit("["), F.concat_ws(",", *parts), F.lit("]"))
+        segment = F.shiftright(F.conv(F.md5(F.col("_cdc_key")).substr(1, 4), 16, 10).cast("int"), MAX_BITS - table.bits)
+        return frame.select(F.col("_cdc_key").alias("k"), segment.alias("s"), _signed(F.md5(row).substr(1, 16)).alias("h"))
+
     def digest(self, table: TableSpec) -> Digest:
-        found = self._frame(table)
-        if found is None:
+        if not DeltaTable.isDeltaTable(self.spark, table_path(self.root, "current", table.topic)):
             return {}
+        hashed = self._hashed(table)
+        if hashed is not None:
+            rows = hashed.groupBy("s").agg(F.count(F.lit(1)), F.bit_xor("h")).collect()
+            return {int(s): (int(n), int(x)) for s, n, x in rows}
+        found = self._frame(table)
+        assert found is not None
         frame, kinds = found
         pairs = frame.rdd.mapPartitions(_Rows(table.columns, kinds, table.bits)).reduceByKey(_merge).collect()
         return {int(segment): (int(n), int(x)) for segment, (n, x) in pairs}
 
     def hashes(self, table: TableSpec, segments: set[int]) -> dict[bytes, int]:
-        found = self._frame(table)
-        if found is None:
+        if not DeltaTable.isDeltaTable(self.spark, table_path(self.root, "current", table.topic)):
             return {}
+        hashed = self._hashed(table)
+        if hashed is not None:
+            picked = hashed.where(F.col("s").isin(sorted(segments))).select("k", "h").collect()
+            return {k.encode(): int(h) for k, h in picked}
+        found = self._frame(table)
+        assert found is not None
         frame, kinds = found
         return dict(frame.rdd.mapPartitions(_Rows(table.columns, kinds, table.bits, frozenset(segments))).collect())
 

@@ -10,12 +10,13 @@ into the store once the stores share one contract.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import date, datetime
 from typing import Any
 
 from cdc.config import SearchConfig
 from compaction.canonical import row_values
-from compaction.verify import Digest, Found, LocalDigest, TableSpec
+from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 from sinks.search import Settings, _path, _scroll
 from sinks.search_shapes import alias_name, markers_name
 
@@ -54,23 +55,20 @@ class SearchSide:
 
     def __init__(self, config: SearchConfig) -> None:
         self.client = Settings.of(config).client()
-        self._digests: dict[str, LocalDigest] = {}
+
+    def _pairs(self, table: TableSpec) -> Iterator[tuple[bytes, dict[str, Any]]]:
+        """(`_id`, `_source`) of every document behind the table's alias."""
+        query = {"size": PAGE, "sort": ["_doc"], "query": {"match_all": {}}}
+        for hits in _scroll(self.client, f"/{_path(alias_name(table.topic))}/_search", query):
+            for hit in hits:
+                yield hit["_id"].encode(), hit["_source"]
 
     def digest(self, table: TableSpec) -> Digest:
-        found = LocalDigest(table.bits)
-        alias = alias_name(table.topic)
-        query = {"size": PAGE, "sort": ["_doc"], "query": {"match_all": {}}}
-        for hits in _scroll(self.client, f"/{_path(alias)}/_search", query):
-            for hit in hits:
-                found.add(hit["_id"].encode(), row_values(event_form(hit["_source"], table), table.columns))
-        old = self._digests.pop(table.topic, None)
-        if old is not None:
-            old.close()
-        self._digests[table.topic] = found.done()
-        return dict(found.segments)
+        return digest_of(self._pairs(table), lambda s: row_values(event_form(s, table), table.columns), table.bits)
 
     def hashes(self, table: TableSpec, segments: set[int]) -> dict[bytes, int]:
-        return self._digests[table.topic].hashes(segments)
+        values = lambda s: row_values(event_form(s, table), table.columns)  # noqa: E731
+        return hashes_of(self._pairs(table), values, table.bits, segments)
 
     def fetch(self, table: TableSpec, keys: list[bytes]) -> dict[bytes, Found]:
         alias = alias_name(table.topic)
@@ -95,6 +93,4 @@ class SearchSide:
         return {d["_id"]: d for d in (answer or {}).get("docs", ()) if d.get("found")}
 
     def close(self) -> None:
-        for digest in self._digests.values():
-            digest.close()
         self.client.close()

@@ -30,7 +30,7 @@ from cdc.source.catalog import CapturedTable, Catalog
 from cdc.source.pgtypes import PgType
 from cdc.source.replication import parse_lsn, pinned_conninfo
 from compaction.canonical import MAX_BITS, Column, bits_for, row_values
-from compaction.verify import Digest, Found, LocalDigest, TableSpec
+from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 from snapshot.copy_text import parse_line
 from snapshot.initial import table_events
 from snapshot.tables import SnapshotTable, describe
@@ -156,7 +156,6 @@ class SourceSide:
         # outside the snapshot: what PostgreSQL holds now (each statement sees the latest commits)
         self.now = psycopg.connect(pinned_conninfo(config.source.dsn, application_name="cdc-verify"), autocommit=True)
         self.lsn = 0
-        self._python: dict[str, LocalDigest] = {}  # tables rendered in Python, at the current snapshot
 
     def snapshot(self) -> int:
         """A new REPEATABLE READ snapshot; returns its LSN: every transaction it sees committed
@@ -167,9 +166,6 @@ class SourceSide:
         row = self.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         assert row is not None
         self.lsn = parse_lsn(row[0])
-        for digest in self._python.values():
-            digest.close()
-        self._python.clear()
         return self.lsn
 
     def describe(self, captured: CapturedTable, rows_per_segment: int = 64) -> SourceTable:
@@ -219,13 +215,13 @@ class SourceSide:
 
     def digest(self, table: SourceTable) -> Digest:
         if table.key_sql is None:
-            return dict(self._in_python(table).segments)
+            return digest_of(self._rendered(table), lambda values: values, table.spec.bits)
         query = f"SELECT b, count(*), coalesce(bit_xor(h), 0) FROM ({self._hashed(table)}) hashed GROUP BY b"
         return {b: (int(n), int(x)) for b, n, x in self.conn.execute(query)}
 
     def hashes(self, table: SourceTable, segments: set[int]) -> dict[bytes, int]:
         if table.key_sql is None:
-            return self._in_python(table).hashes(segments)
+            return hashes_of(self._rendered(table), lambda values: values, table.spec.bits, segments)
         query = f"SELECT k, h FROM ({_escaped(self._hashed(table))}) hashed WHERE b = ANY(%s)"
         return {k.encode(): int(h) for k, h in self.conn.execute(query, (list(segments),))}
 
@@ -246,17 +242,6 @@ class SourceSide:
                 row = events.row(parse_line(line))
                 yield events.key(row), row_values(row, columns)
 
-    def _in_python(self, table: SourceTable) -> LocalDigest:
-        found = self._python.get(table.spec.topic)
-        if found is None:
-            found = LocalDigest(table.spec.bits)
-            for key, values in self._rendered(table):
-                found.add(key, values)
-            self._python[table.spec.topic] = found.done()
-        return found
-
     def close(self) -> None:
-        for digest in self._python.values():
-            digest.close()
         self.conn.close()
         self.now.close()

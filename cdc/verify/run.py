@@ -162,7 +162,7 @@ class _Waiter:
             if complete() >= lsn:
                 return True
             # a sink that caught up and stopped (`--once`): nothing in the topic beyond what it applied
-            return complete() >= self.topic.read(table.spec).max_commit
+            return complete() >= self.topic.newest_commit(table.spec)
 
         if self._until(done):
             return None
