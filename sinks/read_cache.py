@@ -3,7 +3,7 @@
 The cache has no compute of its own, so its rows are read in bulk (SCAN over `<topic>:*`, MGET
 in chunks: the keys a reader could GET, including any that got there without the sink) and
 hashed as they arrive. Positions come from the hash beside each row (sinks.cache): a delete
-marker says where a row went. To be folded into the store once the stores share one contract.
+marker says where a row went. To be folded into the store (sinks.store) as its read side.
 """
 
 from __future__ import annotations
@@ -18,13 +18,7 @@ from cdc.config import CacheConfig
 from compaction.canonical import row_values
 from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 from sinks.cache import META, PIPELINE_KEYS, Settings, row_key
-
-
-def _position(pos: bytes | None) -> tuple[int, int] | None:
-    """`pos` of the hash (commit LSN and change LSN as 32 hex digits) as a position."""
-    if not pos or len(pos) != 32:
-        return None
-    return int(pos[:16], 16), int(pos[16:], 16)
+from sinks.latest import parse_position
 
 
 class CacheSide:
@@ -61,7 +55,7 @@ class CacheSide:
             for key, value, pos in zip(chunk, answers[0::2], answers[1::2], strict=True):
                 if value is not None or pos is not None:
                     row = None if value is None else row_values(orjson.loads(value), table.columns)
-                    out[key] = Found(row, _position(pos))
+                    out[key] = Found(row, parse_position(pos.decode() if pos else ""))
         return out
 
     def close(self) -> None:

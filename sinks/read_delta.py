@@ -8,8 +8,7 @@ columns go back to the event's form on the executors (dates and timestamps as nu
 Spark's own functions, the rest in Python) and compaction.canonical hashes them there. Only
 the segments' (rows, XOR) pairs, the row hashes of differing segments and the rows of
 differing keys reach the driver; rows the narrowing fetches are always rendered in Python. Positions are the rows' `_cdc_lsn`/`_cdc_seq`;
-`current/` keeps no delete markers. To be folded into the store once the stores share one
-contract.
+`current/` keeps no delete markers. To be folded into the store (sinks.store) as its read side.
 """
 
 from __future__ import annotations
@@ -52,8 +51,9 @@ from compaction.canonical import (
 )
 from compaction.verify import Digest, Found, TableSpec
 from sinks.delta import table_path
+from sinks.spark_types import _INFINITY_US as INFINITY_US
 
-_INFINITY_US = {9223372036825200000: "infinity", -9223372036832400000: "-infinity"}  # sinks.shapes, the other way
+_INFINITY_US = {micros: text for text, micros in INFINITY_US.items()}  # how the warehouse holds them, the other way
 
 
 def _micros(value: SparkColumn, kind: DataType) -> SparkColumn:

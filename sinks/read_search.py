@@ -4,8 +4,8 @@ OpenSearch has no compute that could hash a document's source, so every document
 table's alias is read in bulk (a scroll) and hashed as it arrives. `_source` is the event's
 row as sinks.search_shapes converted it (dates and timestamps as ISO text, JSON columns
 parsed): `event_form` turns it back, and compaction.canonical compares JSON by meaning.
-Positions are the documents' versions (commit LSNs) and the delete markers'. To be folded
-into the store once the stores share one contract.
+Positions are the documents' stored `_cdc_pos` and the delete markers' `pos`. To be folded
+into the store (sinks.store) as its read side.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from typing import Any
 from cdc.config import SearchConfig
 from compaction.canonical import row_values
 from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
-from sinks.search import Settings, _path, _scroll
-from sinks.search_shapes import alias_name, markers_name
+from sinks.latest import parse_position
+from sinks.opensearch import path_of, scroll
+from sinks.search import Settings
+from sinks.search_shapes import POSITION, alias_name, markers_name
 
 _TIMESTAMPS = {"io.debezium.time.Timestamp": 1000, "io.debezium.time.MicroTimestamp": 1}  # event unit in µs
 _EPOCH = datetime(1970, 1, 1)
@@ -59,7 +61,7 @@ class SearchSide:
     def _pairs(self, table: TableSpec) -> Iterator[tuple[bytes, dict[str, Any]]]:
         """(`_id`, `_source`) of every document behind the table's alias."""
         query = {"size": PAGE, "sort": ["_doc"], "query": {"match_all": {}}}
-        for hits in _scroll(self.client, f"/{_path(alias_name(table.topic))}/_search", query):
+        for hits in scroll(self.client, f"/{path_of(alias_name(table.topic))}/_search", query):
             for hit in hits:
                 yield hit["_id"].encode(), hit["_source"]
 
@@ -76,20 +78,20 @@ class SearchSide:
         out: dict[bytes, Found] = {}
         for start in range(0, len(ids), PAGE):
             chunk = ids[start:start + PAGE]
-            docs = self._mget(alias, chunk, True)
-            markers = self._mget(markers_name(alias), chunk, False)
+            docs = self._mget(alias, chunk, f"_source=true&stored_fields={POSITION}")
+            markers = self._mget(markers_name(alias), chunk, "_source=true")
             for key in chunk:
                 doc, marker = docs.get(key), markers.get(key)
                 if doc is not None:
-                    values = row_values(event_form(doc["_source"], table), table.columns)
-                    out[key.encode()] = Found(values, (int(doc["_version"]), 0))
+                    values = row_values(event_form(doc.get("_source") or {}, table), table.columns)
+                    stored = (doc.get("fields") or {}).get(POSITION, [""])[0]
+                    out[key.encode()] = Found(values, parse_position(stored))
                 elif marker is not None:
-                    out[key.encode()] = Found(None, (int(marker["_version"]), 0))
+                    out[key.encode()] = Found(None, parse_position((marker.get("_source") or {}).get("pos", "")))
         return out
 
-    def _mget(self, index: str, ids: list[str], source: bool) -> dict[str, dict[str, Any]]:
-        path = f"/{_path(index)}/_mget?_source={'true' if source else 'false'}"
-        answer = self.client.ok("POST", path, {"ids": ids}, missing_ok=True)
+    def _mget(self, index: str, ids: list[str], params: str) -> dict[str, dict[str, Any]]:
+        answer = self.client.ok("POST", f"/{path_of(index)}/_mget?{params}", {"ids": ids}, missing_ok=True)
         return {d["_id"]: d for d in (answer or {}).get("docs", ()) if d.get("found")}
 
     def close(self) -> None:

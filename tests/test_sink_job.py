@@ -20,9 +20,9 @@ import redis
 from pyspark.sql import SparkSession
 
 from cdc.config import TopicConfig, load
+from cdc.kafka.reader import read_topic
 from cdc.kafka.topics import TopicAdmin
 from cdc.local.redis import LocalRedis
-from compaction.reader import read_topic
 from sinks import runner
 from sinks.cache import CacheStore
 from sinks.query import ensure_topics

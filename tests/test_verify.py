@@ -86,13 +86,14 @@ class Stack:
 
     def apply(self, store: str, until: Callable[[], bool] | None = None) -> None:
         """The store's job on the module's Spark session: `--once`, or streaming until `until()`."""
-        from sinks.job import ensure_topics, run
-        from sinks.runner import check, checkpoint, make_store
+        from sinks import stores
+        from sinks.query import ensure_topics
+        from sinks.runner import check, keep_running
 
         check(self.config, store)
         ensure_topics(self.config)
-        job = make_store(store, self.spark, self.config)
-        run(self.spark, self.config, job, checkpoint(self.config, store), until is None, until or (lambda: False))
+        keep_running(self.spark, self.config, stores.build(store, self.spark, self.config), until is None,
+                     until or (lambda: False))
 
     def verify(self, *args: str) -> Any:
         """`cdc verify` in this process (its Delta side on the module's Spark session)."""
@@ -247,7 +248,8 @@ def test_tampered_sides_are_reported_and_exit_1(stack: Stack) -> None:
     import redis
 
     from sinks.delta import table_path
-    from sinks.search import Settings, _path
+    from sinks.opensearch import path_of as _path
+    from sinks.search import Settings
     from sinks.search_shapes import alias_name
 
     wait_caught_up(stack.dsn, slot_of(stack.config.topic.prefix))

@@ -31,7 +31,7 @@ from compaction.verify_topic import TopicSide
 
 log = logging.getLogger(__name__)
 
-STORES = ("delta", "search", "cache")
+READ_SIDES = {"delta": "sinks.read_delta", "search": "sinks.read_search", "cache": "sinks.read_cache"}
 ROUNDS = 3  # looks again at differing keys, each at a newer snapshot
 IDLE_S = 10.0  # a slot without a walsender this long: its daemon is not running
 RECHECK_LIMIT = 10000  # differing keys per table and side looked at again (beyond: reported as found)
@@ -177,11 +177,11 @@ def _sides(config: Config, stores: list[str] | None) -> tuple[list[str], list[st
     """The stores to compare: those asked for, or those whose sink has recorded progress."""
     from sinks.progress import read_progress
 
-    ran = [s for s in STORES if s in read_progress(config.topic)]
+    ran = [s for s in READ_SIDES if s in read_progress(config.topic)]
     chosen = ran if stores is None else stores
-    unknown = [s for s in chosen if s not in STORES]
+    unknown = [s for s in chosen if s not in READ_SIDES]
     if unknown:
-        raise ConfigError(f"unknown store {unknown[0]!r} in --stores: use {', '.join(STORES)}")
+        raise ConfigError(f"unknown store {unknown[0]!r} in --stores: use {', '.join(READ_SIDES)}")
     if "delta" in chosen and not config.delta.path:
         raise ConfigError("[delta] path is not set: set it (or CDC_DELTA_PATH), or leave delta out of --stores")
     return chosen, ran
