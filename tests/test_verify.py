@@ -35,6 +35,8 @@ from tests.support import (
     DaemonProcess,
     Writers,
     cdc,
+    current_lsn,
+    last_heartbeat,
     slot_of,
     start_streaming,
     wait_caught_up,
@@ -253,6 +255,8 @@ def test_tampered_sides_are_reported_and_exit_1(stack: Stack) -> None:
     from sinks.search_shapes import alias_name
 
     wait_caught_up(stack.dsn, slot_of(stack.config.topic.prefix))
+    target = current_lsn(stack.dsn)  # a --once run is complete up to the last heartbeat it reads: one past the writes
+    wait_for(lambda: last_heartbeat(stack.config.topic) >= target, 60, "a heartbeat past the writers' last commit")
     for store in ("cache", "search", "delta"):  # what the writers left, applied
         stack.apply(store)
     with psycopg.connect(stack.dsn, autocommit=True) as conn:
