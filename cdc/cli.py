@@ -37,7 +37,8 @@ def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
 
         try:
             config = load(config_path)
-            setup_logging(config.daemon.log_level, secrets_of(config))
+            component, log_format = _component(config, kwargs)
+            setup_logging(config.daemon.log_level, secrets_of(config), log_format, component)
             return func(config, **kwargs)
         except (ConfigError, PreflightError, TopicError, TimeoutError) as exc:
             _fail(str(exc))
@@ -47,6 +48,18 @@ def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
             _fail(str(exc))
 
     return wrapper
+
+
+def _component(config: Config, params: dict[str, Any]) -> tuple[str, str]:
+    """Who logs (the JSON lines' `component`) and in which format: the sink jobs (and the
+    search rebuild) take `[spark] log_format`, every other command `[daemon] log_format`."""
+    ctx = click.get_current_context()
+    name = ctx.command.name or "cdc"
+    if name == "sink":
+        return f"sink-{params.get('store')}", config.spark.log_format
+    if ctx.parent is not None and ctx.parent.command.name == "search" and name == "rebuild":
+        return "search-rebuild", config.spark.log_format
+    return ("daemon" if name in ("run", "snapshot") else name), config.daemon.log_format
 
 
 class _Group(click.Group):
@@ -161,6 +174,109 @@ def status(config: Config, as_json: bool, check: bool) -> None:
     click.echo(redact(json.dumps(result, indent=2) if as_json else render(result)))
     if check:
         sys.exit(check_code(result))
+
+
+@main.command()
+@click.option("--interval", "-n", type=click.FloatRange(0.2, 3600), default=1.0, show_default=True,
+              help="Seconds between pictures.")
+@click.option("--counts-every", type=click.FloatRange(1, 86400), default=5.0, show_default=True,
+              help="Seconds between row counts of the source and the stores.")
+@click.option("--no-counts", is_flag=True, help="Count no rows (a count(*) per table and a count per store).")
+@click.option("--once", is_flag=True, help="Print one picture (after the first row counts) and exit.")
+@_with_config
+def top(config: Config, interval: float, counts_every: float, no_counts: bool, once: bool) -> None:
+    """A live view of the whole pipeline until Ctrl-C: the daemon (events/s, slot lag in bytes
+    and seconds), each sink job (records/s, the LSN its store is complete up to, its lag
+    behind the slot, dead letters) and each table's rows in PostgreSQL and in every store.
+
+    Reads what the daemon and the sink jobs publish (the daemon's /metrics when [daemon]
+    metrics_port is set, the progress records in <prefix>.__cdc_sinks, the heartbeats) and
+    counts rows: run it with the deployment's config file."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from cdc.top import Watch, render
+
+    watch = Watch(config, None if no_counts else counts_every)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: wide enough for every column
+        console = Console(width=140)
+    try:
+        if once:
+            deadline = time.monotonic() + 60
+            picture = watch.sample()
+            while not no_counts and picture.counted_ms is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                picture = watch.sample()
+            console.print(render(picture))
+            return
+        with Live(render(watch.sample()), console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(render(watch.sample()), refresh=True)
+    except KeyboardInterrupt:  # the way to stop it
+        if not console.is_terminal:
+            console.line()  # Live leaves the last line open there
+    finally:
+        watch.close()
+
+
+@main.command()
+@click.option("--html", "html_file", required=True, metavar="FILE", type=click.Path(dir_okay=False, writable=True),
+              help="Write the report to this HTML file (self-contained: inline SVG, no scripts, no requests).")
+@click.option("--hours", type=click.FloatRange(0.01, 24 * 365), default=24.0, show_default=True,
+              help="How far back the plots reach.")
+@click.option("--skip-topic-scan", is_flag=True,
+              help="Do not read the table topics (their sizes after compaction stay blank).")
+@_with_config
+def report(config: Config, html_file: str, hours: float, skip_topic_scan: bool) -> None:
+    """One HTML page of the pipeline over time: the slot's lag, each sink's lag and throughput,
+    dead letters, and each topic's size now and after compaction.
+
+    From what the deployment keeps in Kafka: the daemon's samples (<prefix>.__cdc_metrics,
+    every [daemon] metrics_interval_s), its heartbeats and the sinks' progress records."""
+    from cdc.report import collect, render_html
+
+    history = collect(config, hours, scan_topics=not skip_topic_scan)
+    Path(html_file).write_text(render_html(history), encoding="utf-8")
+    click.echo(
+        f"report: {html_file} ({len(history.samples)} daemon samples, "
+        f"{sum(len(r) for r in history.progress.values())} sink progress records, {len(history.topics)} topics)"
+    )
+
+
+@main.group()
+def slot() -> None:
+    """The replication slot of [source] slot."""
+
+
+@slot.command("drop")
+@_with_config
+def drop(config: Config) -> None:
+    """Drop the slot: PostgreSQL stops keeping WAL for it. The topics keep every record.
+
+    Refused while a daemon streams from it. A later `cdc run` on the same slot name needs a
+    new snapshot: [snapshot] mode = "when_needed" takes it (and cuts off the rows deleted in
+    between); the other modes refuse to start and say so."""
+    from cdc.source.preflight import connect_catalog
+    from cdc.source.slots import drop_slot
+
+    catalog = connect_catalog(config)
+    try:
+        held = drop_slot(catalog, config)
+    finally:
+        catalog.close()
+    name = config.source.slot
+    if held is None:
+        click.echo(f"slot {name} does not exist: nothing to drop")
+        return
+    click.echo(
+        f"dropped slot {name} (it held back {held:,} bytes of WAL); the topics keep every record. "
+        f'To capture again, run cdc run with [snapshot] mode = "when_needed" (a new snapshot); '
+        f"to stop for good, also DROP PUBLICATION {config.source.publication}"
+    )
 
 
 @main.command()

@@ -345,6 +345,15 @@ class DaemonConfig:
         choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True,
         invalid="{where} {value!r} is not a level: use {choices}",
     )
+    log_format: str = opt(
+        "text", "`text` (a line per record) or `json` (one JSON object per line: `ts`, `level`, `component`, "
+        "`logger`, `message`, and `table`, `lsn`, `batch` where they apply; secrets masked)",
+        choices=("text", "json"),
+    )
+    metrics_interval_s: float = opt(
+        5.0, "how often the daemon records its lag and counters in `<prefix>.__cdc_metrics` for `cdc report` "
+        "(`0`: never)", low=0, high=3600,
+    )
 
 
 @dataclass
@@ -370,6 +379,15 @@ class SparkConfig:
         "dlq", "`dlq`: a record that cannot be decoded goes to `<prefix>.__cdc_dlq` and the job goes on; "
         "`stop`: the job stops with its reason",
         choices=("dlq", "stop"),
+    )
+    metrics_port: int = opt(
+        0, "Prometheus `/metrics` port of a sink job's driver (`0`: off); a port in use stops the start with one line",
+        low=0, high=65535, invalid="{where} must be a TCP port (0 to 65535; 0 turns metrics off)",
+    )
+    metrics_host: str = opt("127.0.0.1", "address a sink job's metrics endpoint binds", check=_check_host)
+    log_format: str = opt(
+        "text", "the sink jobs' log lines: `text` or `json` (as `[daemon] log_format`, with `store` and `batch`)",
+        choices=("text", "json"),
     )
 
 

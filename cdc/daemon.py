@@ -27,6 +27,8 @@ from cdc.events.shapes import schemas_topic, version_record
 from cdc.kafka.acks import Acks
 from cdc.kafka.heartbeat import INTERVAL_S as HEARTBEAT_INTERVAL_S
 from cdc.kafka.heartbeat import heartbeat_record, heartbeat_topic
+from cdc.kafka.history import RETENTION_MS as HISTORY_RETENTION_MS
+from cdc.kafka.history import Sample, metrics_topic
 from cdc.kafka.policy import kind_of, problems
 from cdc.kafka.producer import Producer, ProducerError, RecordTooLarge, make_producer
 from cdc.kafka.topics import TopicAdmin, TopicError
@@ -125,6 +127,8 @@ class Daemon:
         self._versions: dict[str, bytes] = {}  # topic -> the shape last sent to the schema topic
         self._heartbeat: tuple[int, float] = (0, 0.0)  # (LSN, monotonic time) of the last heartbeat
         self._bytes = 0
+        self._totals = [0, 0]  # events and bytes produced since the start, for the metrics history
+        self._sampled_at = 0.0  # monotonic time of the last history sample
         self._exported: tuple[ReplicationConnection, str] | None = None
         self.cleanups = TruncateCleanups(config.topic)  # tombstones for the rows truncates removed
 
@@ -177,6 +181,9 @@ class Daemon:
             infos = self.admin.ensure(topics)
             internal = [state_topic(cfg.topic.prefix), schemas_topic(cfg.topic.prefix), heartbeat_topic(cfg.topic.prefix)]
             infos.update(self.admin.ensure(internal, partitions=1))
+            if cfg.daemon.metrics_interval_s:
+                history = [metrics_topic(cfg.topic.prefix)]
+                infos.update(self.admin.ensure(history, 1, log_only=True, retention_ms=HISTORY_RETENTION_MS))
             state = load_state(cfg)
         self._remember_topics(infos)
         for name, info in sorted(infos.items()):
@@ -234,7 +241,8 @@ class Daemon:
         deliver(producer, cfg.topic.delivery_timeout_ms / 1000)
         repl = self._connect_replication()
         created = repl.create_slot(cfg.source.slot, export_snapshot=bool(plan.initial))
-        log.info("created slot %s at %s", cfg.source.slot, format_lsn(created.consistent_point))
+        log.info("created slot %s at %s", cfg.source.slot, format_lsn(created.consistent_point),
+                 extra={"lsn": format_lsn(created.consistent_point)})
         self.acks.confirmed = plan.state.consistent_point = created.consistent_point
         if plan.initial:
             assert created.snapshot_name is not None  # asked for with export_snapshot
@@ -262,7 +270,8 @@ class Daemon:
             renderer_table = table_events(self.catalog, self.config, describe(self.catalog.conn, table))
             source = renderer_table.source(time.time_ns() // 1000, "false", position, 0, None)
             producer.send(renderer_table.topic, TRUNCATE_KEY, renderer_table.envelope("t", None, None, source))
-        log.warning("re-snapshot: older rows in the topics are cut off by truncate events at %s", format_lsn(position))
+        log.warning("re-snapshot: older rows in the topics are cut off by truncate events at %s", format_lsn(position),
+                    extra={"lsn": format_lsn(position)})
 
     def _producer(self) -> Producer:
         if self.acks.producer is None:
@@ -349,7 +358,7 @@ class Daemon:
                 self._reclaim_slot()
                 self._start_replication()
                 repl_backoff.recovered()
-                log.info("streaming from %s", format_lsn(self.acks.confirmed))
+                log.info("streaming from %s", format_lsn(self.acks.confirmed), extra={"lsn": format_lsn(self.acks.confirmed)})
                 self._stream()
             except (ReplicationLost, psycopg.OperationalError) as exc:
                 self.metrics.errors.labels("replication").inc()
@@ -361,7 +370,7 @@ class Daemon:
                 self.metrics.errors.labels("producer").inc()
                 log.error(
                     "producer error (%s): rewinding to the last confirmed LSN %s",
-                    _first_line(exc), format_lsn(self.acks.confirmed),
+                    _first_line(exc), format_lsn(self.acks.confirmed), extra={"lsn": format_lsn(self.acks.confirmed)},
                 )
                 self._rewind()
                 self._sleep(broker_backoff.failed(_first_line(exc)))
@@ -538,7 +547,7 @@ class Daemon:
                 self._send_status()
         log.info(
             "streamed transaction %d committed at %s: produced from %d spilled messages",
-            commit.xid, format_lsn(commit.commit_lsn), n + 1,
+            commit.xid, format_lsn(commit.commit_lsn), n + 1, extra={"lsn": format_lsn(commit.commit_lsn)},
         )
         self.acks.commit(commit.end_lsn, commit.commit_ts_us)
         self.incremental.note_commit(commit.xid)
@@ -584,13 +593,29 @@ class Daemon:
         m.server_lsn.set(self.server_wal_end)
         m.lag_bytes.set(max(0, self.server_wal_end - confirmed))
         oldest = self.acks.oldest_commit_ts_us()
-        m.lag_seconds.set(max(0.0, time.time() - oldest / 1e6) if oldest is not None else 0.0)
+        lag_seconds = max(0.0, time.time() - oldest / 1e6) if oldest is not None else 0.0
+        m.lag_seconds.set(lag_seconds)
         m.pending.set(self.acks.in_flight())
         for table, count in self._table_counts.items():
             m.events.labels(table).inc(count)
+            self._totals[0] += count
         self._table_counts.clear()
         m.bytes.inc(self._bytes)
+        self._totals[1] += self._bytes
         self._bytes = 0
+        self._sample(confirmed, now, lag_seconds)
+
+    def _sample(self, confirmed: int, now: float, lag_seconds: float) -> None:
+        """A point of the daemon's history every `metrics_interval_s` (see cdc.kafka.history)."""
+        interval = self.config.daemon.metrics_interval_s
+        if not interval or now - self._sampled_at < interval or self.acks.producer is None:
+            return
+        sample = Sample(
+            self.config.source.slot, int(time.time() * 1000), confirmed, max(self.server_wal_end, confirmed),
+            round(lag_seconds, 3), self._totals[0], self._totals[1], self.acks.in_flight(),
+        )
+        self.acks.send([sample.record(self.config.topic.prefix)])
+        self._sampled_at = now
 
     def _beat(self, confirmed: int, now: float) -> None:
         """Tell consumers how far the topics are complete (see cdc.kafka.heartbeat)."""
@@ -647,7 +672,7 @@ class Daemon:
         self.cleanups.close()
         if self.acks.producer is not None:
             self.acks.producer.close()
-        log.info("stopped at confirmed LSN %s", format_lsn(self.acks.confirmed))
+        log.info("stopped at confirmed LSN %s", format_lsn(self.acks.confirmed), extra={"lsn": format_lsn(self.acks.confirmed)})
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -19,6 +19,8 @@ __all__ = [
     "IDENTIFIER_MAX_BYTES",
     "TablePattern",
     "find_topic_collisions",
+    "is_table_topic",
+    "table_of_topic",
     "parse_table_pattern",
     "parse_topic_name",
     "qualified",
@@ -382,6 +384,21 @@ def topic_name(prefix: str, schema: str, table: str) -> str:
             f"over Kafka's limit of {TOPIC_MAX_LENGTH}: {fix}"
         )
     return topic
+
+
+def is_table_topic(prefix: str, name: str) -> bool:
+    """`<prefix>.<schema>.<table>`: the internal topics (`<prefix>.__cdc_*`) have one segment."""
+    return re.fullmatch(rf"{re.escape(prefix)}\.[^.]+\.[^.]+", name) is not None
+
+
+def table_of_topic(topic: str) -> str:
+    """The table a topic holds as SQL writes it (`public.orders`, `public."Odd Name"`), as the
+    daemon's metrics and logs name it; the topic itself when it is not a table's."""
+    try:
+        _, schema, table = parse_topic_name(topic)
+    except ValueError:
+        return topic
+    return str(TablePattern(schema, table))
 
 
 def parse_topic_name(topic: str) -> tuple[str, str, str]:

@@ -127,6 +127,39 @@ class RedactingFormatter(logging.Formatter):
         return redact(self.inner.format(record))
 
 
+#: what an operator filters log lines by, passed as `extra=` where a line has them
+FIELDS = ("table", "lsn", "batch", "store")
+
+
+class JsonFormatter(RedactingFormatter):
+    """One JSON object per line (`[daemon] log_format = "json"`): time, level, the process's
+    component, the logger, the message and the `FIELDS` a line carries. Each string is
+    redacted before encoding, so a masked secret never breaks the JSON."""
+
+    def __init__(self, component: str) -> None:
+        super().__init__(None)
+        self.component = component
+
+    def format(self, record: logging.LogRecord) -> str:
+        from datetime import UTC, datetime
+
+        when = datetime.fromtimestamp(record.created, UTC)
+        line: dict[str, object] = {
+            "ts": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "component": self.component,
+            "logger": record.name,
+            "message": redact(record.getMessage()),
+        }
+        for name in FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                line[name] = redact(value) if isinstance(value, str) else value
+        if record.exc_info:
+            line["error"] = redact(self.formatException(record.exc_info))
+        return json.dumps(line, ensure_ascii=False, default=lambda v: redact(str(v)))
+
+
 def install(secrets: Iterable[str]) -> None:
     """Mask these secrets from now on: in `redact()`, on every handler of the root logger and in
     the traceback of an uncaught exception (main thread and others). Idempotent."""
@@ -139,16 +172,21 @@ def install(secrets: Iterable[str]) -> None:
     threading.excepthook = _thread_excepthook
 
 
-def setup_logging(level: str, secrets: list[str]) -> None:
+def setup_logging(level: str, secrets: list[str], log_format: str = "text", component: str = "cdc") -> None:
     """Log to stderr, every line without the configuration's secrets (whichever library logs);
-    the Kafka clients' own chatter is silenced (cdc reports their failures itself)."""
+    the Kafka clients' own chatter is silenced (cdc reports their failures itself).
+    `log_format` "json": one JSON object per line (JsonFormatter), tagged with `component`."""
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter(component))
     for noisy in ("kafka", "confluent_kafka"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per call between Python and Spark's JVM
     install(secrets)
 
 

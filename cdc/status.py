@@ -24,22 +24,28 @@ WHERE s.slot_name = %s
 """
 
 
+def slot_status(conn: Any, name: str) -> dict[str, Any] | None:
+    """The slot as PostgreSQL sees it, with its lag in bytes and seconds (None: no such slot)."""
+    row = conn.execute(_SLOT_SQL, (name,)).fetchone()
+    if row is None:
+        return None
+    keys = [
+        "name", "active", "active_pid", "confirmed_flush_lsn", "restart_lsn", "wal_status",
+        "retained_wal_bytes", "lag_bytes", "server_lsn", "lag_seconds", "last_reply_age_s",
+    ]
+    slot = dict(zip(keys, row, strict=True))
+    if slot["active"] and slot["lag_seconds"] is None:
+        slot["lag_seconds"] = 0.0  # an active walsender with no measured lag is caught up
+    return slot
+
+
 def collect(config: Config) -> dict[str, Any]:
     """Slot state, lag in bytes and seconds, and per-topic end offsets."""
     catalog = connect_catalog(config)
     try:
-        row = catalog.conn.execute(_SLOT_SQL, (config.source.slot,)).fetchone()
+        slot = slot_status(catalog.conn, config.source.slot)
     finally:
         catalog.close()
-    slot: dict[str, Any] | None = None
-    if row is not None:
-        keys = [
-            "name", "active", "active_pid", "confirmed_flush_lsn", "restart_lsn", "wal_status",
-            "retained_wal_bytes", "lag_bytes", "server_lsn", "lag_seconds", "last_reply_age_s",
-        ]
-        slot = dict(zip(keys, row, strict=True))
-        if slot["active"] and slot["lag_seconds"] is None:
-            slot["lag_seconds"] = 0.0  # an active walsender with no measured lag is caught up
     admin = TopicAdmin(config.topic)
     try:
         topics = admin.topics_with_prefix(config.topic.prefix)

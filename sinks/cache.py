@@ -31,11 +31,11 @@ import orjson
 from pyspark.sql import SparkSession
 
 from cdc.config import CacheConfig, Config
+from cdc.naming import is_table_topic
 from cdc.redact import display_url
 from sinks.latest import Change
 from sinks.rows import Rejected, RowStore, RowWriter
 from sinks.store import StoreUnavailable
-from sinks.topics import is_table_topic
 from sinks.versions import Registry
 
 log = logging.getLogger(__name__)
@@ -356,3 +356,21 @@ def show(config: Config, topics: list[str]) -> list[str]:
                 for topic in topics for key in sorted(client.scan_iter(match=f"{topic}:*"))]
     finally:
         client.close()
+
+
+class _Rows:
+    """The `<topic>:*` keys Redis has (the key set `__cdc:<topic>:keys` also holds deleted keys)."""
+
+    def __init__(self, config: Config) -> None:
+        self.client = Settings.of(config.cache).client(retries=0)
+
+    def count(self, topics: list[str]) -> dict[str, int | None]:
+        # topic names are [A-Za-z0-9._-]: nothing a glob pattern would read as special
+        return {topic: sum(1 for _ in self.client.scan_iter(match=f"{topic}:*", count=1000)) for topic in topics}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def counter(config: Config) -> _Rows:
+    return _Rows(config)

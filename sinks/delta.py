@@ -458,3 +458,67 @@ def show(config: Config, topics: list[str]) -> list[str]:
         where = path.removeprefix(config.delta.path.rstrip("/") + "/")
         lines.append(f"{where} (read with delta-rs): {read.stdout.strip() or read.stderr.strip()[-500:]}")
     return lines
+
+
+
+# One request a line (a table path), one answer a line (its row count, or null when there is no
+# table yet); it ends with os._exit when its input closes (delta-rs can abort at exit).
+_COUNT_CURRENT = r"""
+import json, os, sys
+from deltalake import DeltaTable, QueryBuilder
+tables = {}
+for line in sys.stdin:
+    path = line.rstrip("\n")
+    try:
+        table = tables.get(path)
+        if table is None:
+            table = tables[path] = DeltaTable(path)
+        else:
+            table.update_incremental()
+        count = QueryBuilder().register("t", table).execute("SELECT count(*) AS n FROM t").read_all()
+        answer = int(count.column(0)[0].as_py())
+    except Exception:
+        tables.pop(path, None)
+        answer = None
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+os._exit(0)
+"""
+
+
+class _Rows:
+    """The rows of each table's `current/`, read by delta-rs in a child process that lives as
+    long as the counter (a warm one reads only the log's new commits)."""
+
+    def __init__(self, config: Config) -> None:
+        import subprocess
+        import sys
+
+        self.root = config.delta.path
+        self.child = subprocess.Popen([sys.executable, "-c", _COUNT_CURRENT], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def count(self, topics: list[str]) -> dict[str, int | None]:
+        import json
+
+        assert self.child.stdin is not None and self.child.stdout is not None
+        out: dict[str, int | None] = {}
+        for topic in topics:
+            self.child.stdin.write(table_path(self.root, "current", topic) + "\n")
+            self.child.stdin.flush()
+            out[topic] = json.loads(self.child.stdout.readline() or "null")
+        return out
+
+    def close(self) -> None:
+        import subprocess
+
+        if self.child.stdin is not None:
+            self.child.stdin.close()
+        try:
+            self.child.wait(10)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+
+
+def counter(config: Config) -> _Rows:
+    return _Rows(config)

@@ -25,10 +25,12 @@ from pyspark.sql import functions as F
 
 from cdc.config import Config
 from cdc.kafka.topics import TopicAdmin, TopicError
+from cdc.naming import is_table_topic, table_of_topic
 from sinks import topics
 from sinks.batch import TableBatch, decode_table, table_batch
 from sinks.checkpoint import last_committed, query_id
 from sinks.envelope import change_rows
+from sinks.metrics import SinkMetrics
 from sinks.rows import RowStore
 from sinks.store import (
     Bookkeeping,
@@ -66,12 +68,13 @@ class Progress:
     heartbeat_lsn: int = 0  # the newest daemon heartbeat read (complete after the next batch, or `settle`)
     batches: int = 0
     dead_letters: int = 0
+    records: int = 0  # applied to the store, ever (`cdc top` and `cdc report` tell its rate)
 
     def as_record(self, job: str, batch_id: int) -> dict[str, Any]:
         return {
             "job": job, "batch": batch_id, "tables": {t: str(v) for t, v in self.tables.items()},
             "complete_lsn": str(self.complete_lsn), "heartbeat_lsn": str(self.heartbeat_lsn),
-            "dead_letters": self.dead_letters, "ts_ms": int(time.time() * 1000),
+            "dead_letters": self.dead_letters, "records": self.records, "ts_ms": int(time.time() * 1000),
         }
 
     @classmethod
@@ -80,7 +83,7 @@ class Progress:
             return cls()
         return cls(
             {t: int(v) for t, v in raw.get("tables", {}).items()}, int(raw.get("complete_lsn", 0)),
-            int(raw.get("heartbeat_lsn", 0)), 0, int(raw.get("dead_letters", 0)),
+            int(raw.get("heartbeat_lsn", 0)), 0, int(raw.get("dead_letters", 0)), int(raw.get("records", 0)),
         )
 
 
@@ -89,9 +92,11 @@ class SinkJob:
     retries: its store, the table versions, the bookkeeping, the progress."""
 
     def __init__(
-        self, spark: SparkSession, config: Config, store: Store, stop_requested: Callable[[], bool] = lambda: False
+        self, spark: SparkSession, config: Config, store: Store, stop_requested: Callable[[], bool] = lambda: False,
+        metrics: SinkMetrics | None = None,
     ) -> None:
         self.spark = spark
+        self.metrics = metrics
         self.stop_requested = stop_requested
         self.config = config
         self.store = store
@@ -130,7 +135,7 @@ class SinkJob:
     def forget(self) -> None:
         """The store was cleared: it is complete up to nothing, until the replay says more."""
         with self._lock:
-            self.progress = Progress(dead_letters=self.progress.dead_letters)
+            self.progress = Progress(dead_letters=self.progress.dead_letters, records=self.progress.records)
             self._settled = None
             self.progress_log.send(self.progress.as_record(self.store.name, -1))
 
@@ -150,6 +155,7 @@ class SinkJob:
 
     def _batch(self, records: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        letters_before = self.progress.dead_letters
         # One read of the batch from Kafka, stored with its plan cut short: the batch's later
         # jobs neither read Kafka again nor plan the envelope decoding again. A task per
         # topic partition would be mostly scheduling on a small batch: the executors' cores
@@ -206,12 +212,17 @@ class SinkJob:
             self.state.batch = batch_id
             store.save(self.state.as_record())
             applied = {topic: stat["high"] for topic, stat, _ in work if stat["high"] is not None}
-            self._record(batch_id, applied, beat)
+            counts = {topic: stat["count"] - stat["errors"] for topic, stat, _ in work}
+            self._record(batch_id, applied, beat, sum(counts.values()))
             ended = time.monotonic()
+            if self.metrics is not None:
+                self.metrics.batch(ended - started, counts, self.progress.dead_letters - letters_before,
+                                   self.progress.complete_lsn)
             log.info(
                 "batch %d: %d records of %d tables in %.1f s (read %.1f, statistics %.1f, store %.1f, progress %.1f)",
                 batch_id, sum(s["count"] for s in stats.values()), len(stats), ended - started, read - started,
                 counted - read, written_at - counted, ended - written_at,
+                extra={"batch": batch_id, "store": self.store.name},
             )
         finally:
             release(persisted)
@@ -381,10 +392,10 @@ class SinkJob:
         with self._lock:
             self.progress.dead_letters += count
         log.warning("%d records to %s, the first %s: %s", count, topics.internal(self.prefix, topics.DLQ), where,
-                    first[3])
+                    first[3], extra={"table": table_of_topic(first[0]), "batch": batch_id, "store": self.store.name})
 
     # -- progress --------------------------------------------------------------------
-    def _record(self, batch_id: int, applied: dict[str, int], beat: int | None) -> None:
+    def _record(self, batch_id: int, applied: dict[str, int], beat: int | None, records: int) -> None:
         """Every record below a heartbeat read in an earlier batch was in the topics when this
         batch's offsets were taken, so this batch completes the store up to that heartbeat."""
         progress = self.progress
@@ -395,6 +406,7 @@ class SinkJob:
             if beat is not None:
                 progress.heartbeat_lsn = max(progress.heartbeat_lsn, beat)
             progress.batches += 1
+            progress.records += records
             self.last_batch, self.batch_ended = batch_id, time.monotonic()
             self.progress_log.send(progress.as_record(self.store.name, batch_id))
 
@@ -419,7 +431,7 @@ class SinkJob:
         try:
             admin = TopicAdmin(self.config.topic)
             try:
-                tables = [t for t in admin.topics_with_prefix(self.prefix) if topics.is_table_topic(self.prefix, t)]
+                tables = [t for t in admin.topics_with_prefix(self.prefix) if is_table_topic(self.prefix, t)]
                 now = admin.end_offsets(tables)
             finally:
                 admin.close()
@@ -431,6 +443,8 @@ class SinkJob:
                 if beat > progress.complete_lsn:  # else a later batch completed it already
                     progress.complete_lsn = beat
                     self.progress_log.send(progress.as_record(self.store.name, batch))
+                    if self.metrics is not None:
+                        self.metrics.settled(beat)
 
     def close(self) -> None:
         self.schemas.close()

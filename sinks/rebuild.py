@@ -22,7 +22,7 @@ from sinks.delta import DeltaStore
 from sinks.query import StopSignal, ensure_topics
 from sinks.runner import check, checkpoint, keep_running
 from sinks.search import SearchStore
-from sinks.spark import build_session
+from sinks.spark import build_session, log_conf
 from sinks.store import SinkStopped
 from sinks.topics import ProgressLog, SchemaFeed
 
@@ -41,7 +41,7 @@ def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, lis
     more pass after it brings them over (position-guarded like every write)."""
     check(config, "search")
     ensure_topics(config)
-    spark = build_session("cdc-search-rebuild", master=config.spark.master)
+    spark = build_session("cdc-search-rebuild", master=config.spark.master, conf=log_conf(config.spark.log_format))
     stop.install()
     store = SearchStore(config.search, config.topic.prefix, rebuild=True)
     try:

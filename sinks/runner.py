@@ -27,9 +27,10 @@ from cdc.kafka.topics import TopicError
 from sinks import checkpoint as checkpoints
 from sinks import stores
 from sinks.batch import TypeConflict
+from sinks.metrics import SinkMetrics
 from sinks.pipeline import Progress, SinkJob, UnknownVersion
 from sinks.query import StopSignal, ensure_topics, run
-from sinks.spark import build_session, spark_environment, submit_command
+from sinks.spark import build_session, log_conf, spark_environment, submit_command
 from sinks.store import SinkStopped, Store, StoreLost, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,14 @@ def run_here(config: Config, store_name: str, once: bool, stop: StopSignal) -> P
     """Run the job in this process until drained (`once`) or stopped; permanent errors raise."""
     check(config, store_name)
     ensure_topics(config)
-    spark = build_session(f"cdc-sink-{store_name}", master=config.spark.master)
+    metrics = SinkMetrics(store_name, config)
+    metrics.serve()  # a port in use stops the start before Spark does
+    spark = build_session(f"cdc-sink-{store_name}", master=config.spark.master, conf=log_conf(config.spark.log_format))
     stop.install()
     try:
-        return keep_running(spark, config, stores.build(store_name, spark, config), once, stop)
+        return keep_running(spark, config, stores.build(store_name, spark, config), once, stop, metrics)
     finally:
+        metrics.close()
         spark.stop()
 
 
@@ -91,13 +95,14 @@ def transient(exc: BaseException, store: Store) -> bool:
 
 
 def keep_running(
-    spark: SparkSession, config: Config, store: Store, once: bool, stop: Callable[[], bool]
+    spark: SparkSession, config: Config, store: Store, once: bool, stop: Callable[[], bool],
+    metrics: SinkMetrics | None = None,
 ) -> Progress:
     """The job's query, again from the checkpoint after a batch failed for a reason a retry
     may cure (with a backoff that starts over after a good batch); cleared and from the
     earliest offsets after the store lost writes; any other failure stops the job with its
     traceback in the log."""
-    job = SinkJob(spark, config, store, stop)
+    job = SinkJob(spark, config, store, stop, metrics)
     delay, attempts, rebuilds = FIRST_DELAY_S, 0, 0
     try:
         while True:
@@ -112,18 +117,20 @@ def keep_running(
                     raise SinkStopped(f"the {store.name} sink rebuilt its store {REBUILDS} times and it lost writes "
                                       f"again: {exc}") from None
                 log.warning("sink %s: %s; rebuilding it from the topics (earliest offsets) into a cleared store",
-                            store.name, exc)
+                            store.name, exc, extra={"store": store.name})
                 try:
                     store.clear()
                 except Exception as failed:
                     if not transient(failed, store):
                         raise
                     log.warning("sink %s: clearing it failed (%s); again in %.0f s", store.name, _first_line(failed),
-                                delay)
+                                delay, extra={"store": store.name})
                     time.sleep(delay)
                     delay = min(delay * 2, LAST_DELAY_S)
                     continue
                 rebuilds += 1
+                if metrics is not None:
+                    metrics.retry("store_lost")
                 checkpoints.drop(spark, checkpoint(config, store.name))
                 job.forget()
                 attempts = 0
@@ -136,7 +143,10 @@ def keep_running(
                     delay, attempts = FIRST_DELAY_S, 1
                 if stop() or (once and attempts >= ONCE_ATTEMPTS):
                     raise SinkStopped(f"the {store.name} sink failed {attempts} times, last: {first}") from None
-                log.warning("sink %s: batch failed (%s); again from the checkpoint in %.0f s", store.name, first, delay)
+                log.warning("sink %s: batch failed (%s); again from the checkpoint in %.0f s", store.name, first, delay,
+                            extra={"store": store.name})
+                if metrics is not None:
+                    metrics.retry("failed")
                 time.sleep(delay)
                 delay = min(delay * 2, LAST_DELAY_S)
     finally:
@@ -185,7 +195,8 @@ def submit(config: Config, command: list[str], config_path: str | None, workdir:
     if config_path:
         args += ["--config", os.path.abspath(config_path)]
     name = "-".join(word for word in command[:2] if not word.startswith("-"))
-    argv = submit_command(launcher, args, app_name=f"cdc-{name}", master=config.spark.master)
+    argv = submit_command(launcher, args, app_name=f"cdc-{name}", master=config.spark.master,
+                          conf=log_conf(config.spark.log_format))
     at = argv.index("--master")
     return [*argv[:at], "--py-files", str(code_archive(workdir)), *argv[at:]]
 

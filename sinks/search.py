@@ -491,3 +491,24 @@ def show(config: Config, topics: list[str]) -> list[str]:
         return lines
     finally:
         client.close()
+
+
+class _Rows:
+    """The documents behind each table's alias (`_count`)."""
+
+    def __init__(self, config: Config) -> None:
+        self.client = Endpoint.of(config.search).client(retries=0)
+
+    def count(self, topics: list[str]) -> dict[str, int | None]:
+        out: dict[str, int | None] = {}
+        for topic in topics:
+            status, answer = self.client.request("GET", f"/{path_of(alias_name(topic))}/_count")
+            out[topic] = int(answer["count"]) if status == 200 else None
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def counter(config: Config) -> _Rows:
+    return _Rows(config)

@@ -20,6 +20,7 @@ from cdc.local import jars
 from cdc.local.process import LOCALHOST
 
 DEFAULT_MASTER = "local[2]"
+DRIVER_JAVA_OPTIONS = "-Xss16m"
 
 
 def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
@@ -32,7 +33,7 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # query.stop() during a batch otherwise kills the query thread with a
         # StackOverflowError (Spark matches a regex over a huge interruption message).
-        "spark.driver.extraJavaOptions": "-Xss16m",
+        "spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS,
         "spark.log.level": "WARN",  # also under spark-submit, whose default is INFO
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -51,6 +52,20 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
         # a few tables evict each other every batch and compile again (~100 compiles per batch
         # of 4 tables at 100, ~4 at 2000, measured), and the JIT compiles the new classes again
         "spark.sql.codegen.cache.maxEntries": "2000",
+    }
+
+
+JSON_LOG4J = "-Dlog4j2.configurationFile=org/apache/spark/log4j2-json-layout.properties"
+
+
+def log_conf(log_format: str) -> dict[str, str]:
+    """`[spark] log_format = "json"`: the JVMs log through Spark's own JSON layout (`ts`,
+    `level`, `msg`, `logger`), one object per line like the job's Python side."""
+    if log_format != "json":
+        return {}
+    return {
+        "spark.driver.extraJavaOptions": f"{DRIVER_JAVA_OPTIONS} {JSON_LOG4J}",
+        "spark.executor.extraJavaOptions": JSON_LOG4J,
     }
 
 

@@ -21,7 +21,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sinks.batch import TableBatch
@@ -30,6 +30,15 @@ log = logging.getLogger(__name__)
 
 #: (commit LSN, change LSN, commit time in ms) of a truncate
 Truncate = tuple[int, int, int]
+
+
+class RowCounter(Protocol):
+    """Each table's rows in a store (by table topic; None: the store has no such table yet),
+    asked again and again; `close` lets go of its clients."""
+
+    def count(self, topics: list[str]) -> dict[str, int | None]: ...
+
+    def close(self) -> None: ...
 
 
 class StoreLost(Exception):

@@ -1,8 +1,10 @@
 """The stores a sink job keeps, one line each: `cdc sink <name>` runs the job of the module's
-store. A store module defines the store (sinks.store) and four functions: `check(config)`
+store. A store module defines the store (sinks.store) and five functions: `check(config)`
 (its settings and its server, before any Spark starts: one line naming the fix),
 `build(spark, config)`, `local(workdir)` (a throwaway server for the demo, and the settings
-that point at it) and `show(config, topics)` (what a reader finds there, a line per row).
+that point at it), `show(config, topics)` (what a reader finds there, a line per row) and
+`counter(config)` (a RowCounter: each table's rows there, cheap enough for `cdc top` to ask
+every few seconds while the job writes).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from cdc.config import Config, ConfigError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from sinks.store import Store
+    from sinks.store import RowCounter, Store
 
 
 @dataclass(frozen=True)
@@ -61,3 +63,9 @@ def check(name: str, config: Config) -> None:
 def build(name: str, spark: SparkSession, config: Config) -> Store:
     store: Store = registration(name).load().build(spark, config)
     return store
+
+
+def counter(name: str, config: Config) -> RowCounter:
+    """Each table's rows in the store, for `cdc top` and the demo's live view."""
+    made: RowCounter = registration(name).load().counter(config)
+    return made

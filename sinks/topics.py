@@ -18,13 +18,13 @@ from pyspark.sql import functions as F
 
 from cdc.config import TopicConfig
 from cdc.kafka.clients import consumer
+from cdc.kafka.policy import DLQ_SUFFIX as DLQ
 from sinks.progress import SINKS_SUFFIX as PROGRESS  # noqa: F401 (the job and the runner take them from here)
 from sinks.progress import ProgressLog as ProgressLog
 from sinks.versions import Registry, Version
 
 SCHEMAS = "__cdc_schemas"
 HEARTBEAT = "__cdc_heartbeat"
-DLQ = "__cdc_dlq"
 
 _JAAS = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -44,10 +44,6 @@ def subscription(prefix: str) -> str:
     """Java regex of the topics a sink reads: `<prefix>.<schema>.<table>` and the heartbeat
     (the other internal topics have a single segment after the prefix, like the heartbeat)."""
     return rf"{re.escape(prefix)}\.({_TABLE}|{HEARTBEAT})"
-
-
-def is_table_topic(prefix: str, name: str) -> bool:
-    return re.fullmatch(rf"{re.escape(prefix)}\.{_TABLE}", name) is not None
 
 
 def _jaas_quote(text: str) -> str:

@@ -141,7 +141,7 @@ class IncrementalSnapshots:
         name = inc.tables[0]
         captured = self.captured.get(name)
         if captured is None:
-            log.warning("incremental snapshot of %s dropped: the table is no longer captured", name)
+            log.warning("incremental snapshot of %s dropped: the table is no longer captured", name, extra={"table": name})
             inc.tables.pop(0)
             inc.after = None
             return
@@ -216,7 +216,8 @@ class IncrementalSnapshots:
         inc.after = chunk.last_key
         if chunk.exhausted:
             name = inc.tables.pop(0)
-            log.info("incremental snapshot of %s complete: %d chunks, %d rows", name, inc.chunks, inc.rows)
+            log.info("incremental snapshot of %s complete: %d chunks, %d rows", name, inc.chunks, inc.rows,
+                     extra={"table": name})
             self.live.mark_done(name)
             inc.after, inc.chunks, inc.rows = None, 0, 0
             if not inc.tables:

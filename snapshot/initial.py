@@ -256,7 +256,7 @@ class InitialSnapshot:
         """Emit a table's held-back rows; keep its very last one until we know whether it is the
         snapshot's last. The previous table's last row is now known to be "last_in_data_collection"."""
         rows = run.held
-        log.info("snapshot of %s: %d rows", run.table.display, run.rows + len(rows))
+        log.info("snapshot of %s: %d rows", run.table.display, run.rows + len(rows), extra={"table": run.table.display})
         if not rows:  # an empty table: the previous table's last row may still be the snapshot's last
             self._mark_done(run.table)
             return held

@@ -187,8 +187,8 @@ def test_lower_case_environment_variable_is_an_error():
     "text, expected",
     [
         ("[topic]\nprefixx = 'a'\n", "unknown key 'prefixx' in [topic]: did you mean 'prefix'? (remove it or fix the spelling)"),
-        ("[daemon]\nzzz = 1\n", "unknown key 'zzz' in [daemon]: remove it (known keys: log_level, max_pending_records, "
-                                "metrics_host, metrics_port, spill_dir)"),
+        ("[daemon]\nzzz = 1\n", "unknown key 'zzz' in [daemon]: remove it (known keys: log_format, log_level, max_pending_records, "
+                                "metrics_host, metrics_interval_s, metrics_port, spill_dir)"),
         ("[topics]\n", "unknown section [topics] in {path}: did you mean [topic]? (remove it or fix the spelling)"),
         ("[topic]\npartitions = 'x'\n", "[topic] partitions = 'x' is not a whole number: set it to one, e.g. partitions = 3"),
         ("[topic]\npartitions = 2.5\n", "[topic] partitions = 2.5 is not a whole number: set it to one, e.g. partitions = 3"),

@@ -49,6 +49,22 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
         'demo.public.orders/_doc/{"id":100}', 'demo.public.orders/_doc/{"id":200}']
     assert """search customers for email 'example.com': ['{"id":1}', '{"id":2}']""" in out
     assert "sink search: complete up to" in out
+    # the live view's last picture: every store holds PostgreSQL's rows, each sink caught up
+    assert re.search(r"^every store caught up: \d+ s after the sink jobs started, \d+ s after cdc demo started$", out,
+                     re.MULTILINE), out[-3000:]
+    view = out.split("cdc demo   prefix demo   slot cdc", 1)[1].split("every store caught up", 1)[0]
+    rows = {line.split()[0]: line.split()[1:] for line in view.splitlines() if line.startswith("public.")}
+    assert rows == {"public.customers": ["2"] * (1 + len(STORES)) + ["="],
+                    "public.orders": ["2"] * (1 + len(STORES)) + ["="]}, view
+    sinks = {line.split()[0]: line.split() for line in view.splitlines() if line.split()[:1] in ([n] for n in STORES)}
+    # sink, records/s, records, complete up to, behind slot (2), lag (2), dead letters, batch, updated (3), state
+    assert sorted(sinks) == sorted(STORES) and all(
+        cells[8] == "0" and cells[-2:] == ["caught", "up"] for cells in sinks.values()), view
+    # and the comparison of every store against the source ends it
+    comparison = out.split("== every store against the source", 1)[1].split("==", 1)[0]
+    assert "every store equals the source in rows per table" in comparison
+    assert [line.split() for line in comparison.splitlines() if line.strip().startswith("public.")] == [
+        ["public.customers", "2", "2", "2", "2"], ["public.orders", "2", "2", "2", "2"]]
     # each --once run read every record and a heartbeat after them: complete, not "up to 0/0"
     completes = dict(re.findall(r"sink (\w+): \d+ batches, .* complete up to LSN (\S+),", out))
     assert sorted(completes) == sorted(STORES) and "0/0" not in completes.values(), completes

@@ -50,7 +50,7 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 #: the commands on top of every layer: they may import any of them, and no layer imports them
-COMMANDS = ("cdc.daemon", "cdc.cli", "cdc.status", "cdc.verify", "cdc.topic_commands", "cdc.__main__")
+COMMANDS = ("cdc.daemon", "cdc.cli", "cdc.status", "cdc.top", "cdc.report", "cdc.verify", "cdc.topic_commands", "cdc.__main__")
 #: and the throwaway local services (whose jar cache the Spark session takes its jars from)
 APP = (*COMMANDS, "cdc.local")
 TOP = (*APP, "snapshot", "compaction", "sinks")

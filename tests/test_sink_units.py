@@ -25,11 +25,12 @@ from pyspark.sql.types import (
 from cdc.config import TopicConfig
 from cdc.events.shapes import column_shape
 from cdc.events.types import field_schema
+from cdc.naming import is_table_topic
 from cdc.source.pgtypes import BUILTIN_TYPES
 from sinks.delta import needs_column_mapping, table_path, widens
 from sinks.pipeline import drained
 from sinks.spark_types import POINT, numeric_precision, spark_type
-from sinks.topics import is_table_topic, spark_options, subscription
+from sinks.topics import spark_options, subscription
 from sinks.versions import ColumnShape, Registry, Version
 
 pytestmark = pytest.mark.unit
@@ -151,7 +152,7 @@ def test_the_subscription_takes_table_topics_and_the_heartbeat_only() -> None:
     assert pattern.fullmatch("shop-1.eu.my-2dschema.caf-c3-a9")
     assert pattern.fullmatch("shop-1.eu.__cdc_heartbeat")
     for other in ("shop-1.eu.__cdc_state", "shop-1.eu.__cdc_schemas", "shop-1.eu.__cdc_dlq",
-                  "shop-1.eu.__cdc_sinks", "shop-1Xeu.public.orders", "other.public.orders"):
+                  "shop-1.eu.__cdc_sinks", "shop-1.eu.__cdc_metrics", "shop-1Xeu.public.orders", "other.public.orders"):
         assert not pattern.fullmatch(other), other
 
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-if TYPE_CHECKING:  # the events (and their C renderer) load only where heartbeats are sent
+if TYPE_CHECKING:  # the events (and their C renderer) load only where heartbeats are sent;
+    # the sinks follow heartbeats (cdc.kafka.follow): no capture code at their import
     from cdc.events.records import Record
 
 HEARTBEAT_SUFFIX = "__cdc_heartbeat"

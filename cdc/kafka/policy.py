@@ -99,22 +99,23 @@ REPLICATION = Setting(
 
 
 DLQ_SUFFIX = "__cdc_dlq"  # the sinks' dead letters (sinks.topics.DLQ)
+METRICS_SUFFIX = "__cdc_metrics"  # the daemon's metrics over time (cdc.kafka.history)
 
 
 def kind_of(prefix: str, name: str, log_only: bool = False) -> str:
     """`table`, `internal` (compacted bookkeeping: the snapshot state, table versions, heartbeats,
-    sink progress) or `log` (dead letters)."""
+    sink progress) or `log` (dead letters, the daemon's metrics)."""
     rest = name[len(prefix) + 1:] if name.startswith(prefix + ".") else name
-    if log_only or rest == DLQ_SUFFIX:
+    if log_only or rest in (DLQ_SUFFIX, METRICS_SUFFIX):
         return "log"
     return "internal" if "." not in rest else "table"
 
 
-def creation_configs(config: TopicConfig, kind: str) -> dict[str, str]:
-    """What cdc creates a topic of this kind with."""
+def creation_configs(config: TopicConfig, kind: str, retention_ms: int = -1) -> dict[str, str]:
+    """What cdc creates a topic of this kind with (`retention_ms`: how long a log keeps records)."""
     common = {"min.insync.replicas": str(config.min_insync_replicas), "max.message.bytes": str(config.max_message_bytes)}
-    if kind == "log":  # dead letters: every record counts and none supersedes another, kept until deleted
-        return {"cleanup.policy": "delete", "retention.ms": "-1", **common}
+    if kind == "log":  # dead letters, metrics: every record counts and none supersedes another
+        return {"cleanup.policy": "delete", "retention.ms": str(retention_ms), **common}
     compacted = {"cleanup.policy": "compact", "unclean.leader.election.enable": "false", **common}
     if kind == "internal":
         return compacted

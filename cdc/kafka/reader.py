@@ -33,14 +33,16 @@ def read_topic(
     idle_timeout_s: float = 60.0,
     start: Mapping[int, int] | None = None,
     ends: dict[int, int] | None = None,
+    from_ms: int | None = None,
 ) -> Iterator[TopicRecord]:
     """Every record of `topic` in per-partition offset order, partitions interleaved.
 
     Without `follow` it stops at the end offsets seen when it started (written into `ends`
     when given, so a later call can go on from there with `start`); with `follow` it keeps
-    waiting for new records. `idle_timeout_s` bounds a wait that makes no progress. With
+    waiting for new records. `idle_timeout_s` bounds a wait that makes no progress. `from_ms`:
+    start at the first record written at or after this time (ms since the epoch). With
     `[topic] client = "confluent"` a bounded read goes through librdkafka (several times faster)."""
-    if config.client == "confluent" and not follow and not from_end:
+    if config.client == "confluent" and not follow and not from_end and from_ms is None:
         yield from _read_confluent(config, topic, idle_timeout_s, start, ends)
         return
     from kafka.structs import TopicPartition
@@ -55,9 +57,13 @@ def read_topic(
         last = client.end_offsets(tps)
         if ends is not None:
             ends.update({tp.partition: offset for tp, offset in last.items()})
+        found = client.offsets_for_times({tp: from_ms for tp in tps}) if from_ms is not None else {}
         for tp in tps:
             if from_end:
                 client.seek(tp, last[tp])
+            elif from_ms is not None:
+                at = found.get(tp)
+                client.seek(tp, last[tp] if at is None else at.offset)
             elif start is not None and tp.partition in start:
                 client.seek(tp, start[tp.partition])
             else:

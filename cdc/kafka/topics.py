@@ -178,13 +178,18 @@ class TopicAdmin:
                 "([topic] security settings, ACLs)"
             ) from None
 
-    def ensure(self, names: list[str], partitions: int | None = None, log_only: bool = False) -> dict[str, TopicInfo]:
+    def ensure(
+        self, names: list[str], partitions: int | None = None, log_only: bool = False, retention_ms: int = -1
+    ) -> dict[str, TopicInfo]:
         """Create the missing topics compacted; refuse existing non-compacted ones unless allowed.
-        `log_only`: a plain log kept until deleted (dead letters: every record counts, none supersedes another)."""
+        `log_only`: a plain log kept `retention_ms` (-1: until deleted; dead letters: every record
+        counts, none supersedes another)."""
         with self._broker_errors("describe or create the topics"):
-            return self._ensure(names, partitions or self.config.partitions, log_only)
+            return self._ensure(names, partitions or self.config.partitions, log_only, retention_ms)
 
-    def _ensure(self, names: list[str], partitions: int, log_only: bool = False) -> dict[str, TopicInfo]:
+    def _ensure(
+        self, names: list[str], partitions: int, log_only: bool = False, retention_ms: int = -1
+    ) -> dict[str, TopicInfo]:
         from kafka.admin import NewTopic
         from kafka.errors import KafkaError, TopicAlreadyExistsError
 
@@ -208,7 +213,7 @@ class TopicAdmin:
             prefix = self.config.prefix
             new = [
                 NewTopic(n, partitions, self.config.replication_factor,
-                         topic_configs=creation_configs(self.config, kind_of(prefix, n, log_only)))
+                         topic_configs=creation_configs(self.config, kind_of(prefix, n, log_only), retention_ms))
                 for n in missing
             ]
             for topic in new:
@@ -216,7 +221,8 @@ class TopicAdmin:
                     self._admin.create_topics([topic])
                     log.info(
                         "created topic %s (%d partitions, %s)", topic.name, partitions,
-                        "kept until deleted" if log_only else "compacted",
+                        "compacted" if not log_only else "kept until deleted" if retention_ms < 0
+                        else f"kept {retention_ms // 3600000} h",
                     )
                 except TopicAlreadyExistsError:  # another process won the race: check what it made
                     pass
@@ -285,6 +291,23 @@ class TopicAdmin:
         out: dict[str, dict[int, int]] = {name: {} for name in infos}
         for tp, value in result.items():
             out[tp.topic][tp.partition] = value.offset
+        return out
+
+    def log_sizes(self) -> dict[str, int]:
+        """Bytes each topic's log holds on disk: per partition its largest replica (the leader's,
+        or one that is ahead), summed over the partitions."""
+        with self._broker_errors("describe the log directories"):
+            answers = self._admin.describe_log_dirs()
+        largest: dict[tuple[str, int], int] = {}
+        for broker in answers:
+            for log_dir in broker.get("log_dirs", []):
+                for topic in log_dir.get("topics", []):
+                    for part in topic.get("partitions", []):
+                        key = (topic["name"], part["partition_index"])
+                        largest[key] = max(largest.get(key, 0), part["partition_size"])
+        out: dict[str, int] = {}
+        for (name, _), size in largest.items():
+            out[name] = out.get(name, 0) + size
         return out
 
     def topics_with_prefix(self, prefix: str) -> list[str]:

@@ -1,10 +1,12 @@
 """`cdc demo`: the pipeline on embedded defaults, end to end, on a fresh machine.
 
-Starts a throwaway PostgreSQL with logical WAL and a local Apache Kafka (KRaft, its jars
-fetched once from Maven Central), runs `cdc run` against them, writes rows (inserts, an
-update, a delete, a key change) and prints the events as they land in the compacted topics,
-then runs the Spark sink job (`--once`) of every store sinks.stores lists (a Delta
-warehouse, a local OpenSearch index, a local Redis cache), each into a throwaway one.
+Starts a throwaway PostgreSQL with logical WAL, a local Apache Kafka (KRaft, its jars
+fetched once from Maven Central) and each store's server (sinks.stores: a Delta warehouse
+folder, a local OpenSearch, a local Redis), writes them one cdc.toml, runs `cdc run`, writes
+rows (inserts, an update, a delete, a key change) and prints the events as they land in the
+compacted topics; then starts every store's Spark sink job, streaming, and shows `cdc top`'s
+live view until every store holds the source's rows, then what a reader finds in each
+store and every store against the source. `--keep` leaves it all running.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from typing import Any
 import click
 import psycopg
 
-from cdc.config import TopicConfig
 from cdc.config import load as load_config
 from cdc.kafka.reader import read_topic
 from cdc.local.kafka import LocalKafka
@@ -69,52 +70,123 @@ def _search_example(url: str) -> None:
     click.echo(f"  search customers for email 'example.com': {sorted(h['_id'] for h in hits)}")
 
 
-def _sink(store: str, env: dict[str, str], base: Path) -> None:
-    """`cdc sink <store> --once`, its summary line shown."""
-    sink = subprocess.run(
-        [sys.executable, "-m", "cdc", "sink", store, "--once"], env=env, capture_output=True, text=True, cwd=base,
-    )
-    if sink.returncode != 0:
-        raise click.ClickException(f"the {store} sink failed:\n" + sink.stderr[-2000:])
-    click.echo(f"  {sink.stdout.strip()}")
+def _config_file(path: Path, settings: dict[str, str]) -> Path:
+    """A cdc.toml holding `settings` (as CDC_<SECTION>_<KEY> environment names): the file the
+    demo's processes share, and the one `cdc top`, `cdc status` or `cdc report` take."""
+    from cdc.config import SETTINGS
+
+    sections: dict[str, list[str]] = {}
+    for setting in SETTINGS:
+        if setting.env in settings:
+            value = setting.read(settings[setting.env], from_env=True)
+            text = ("true" if value else "false") if isinstance(value, bool) else json.dumps(value)
+            sections.setdefault(setting.section, []).append(f"{setting.key} = {text}")
+    path.write_text("".join(f"[{name}]\n" + "\n".join(lines) + "\n\n" for name, lines in sections.items()))
+    return path
+
+
+def _start(argv: list[str], base: Path, name: str) -> subprocess.Popen:
+    """A `cdc` command in the background, its output in `<name>.log` under `base`."""
+    log = open(base / f"{name}.log", "w", encoding="utf-8")  # noqa: SIM115 (lives as long as the process)
+    return subprocess.Popen([sys.executable, "-m", "cdc", *argv], stdout=log, stderr=subprocess.STDOUT, cwd=base)
+
+
+def _stop(process: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM (a sink job finishes its running batch, the daemon confirms what it sent)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(30)
+
+
+def _watch(config: Any, sinks: dict[str, subprocess.Popen], base: Path, target: int, timeout_s: float) -> Any:
+    """`cdc top`'s live view until every store is complete up to `target` (the LSN of the
+    script's last change) and holds PostgreSQL's rows; the last picture."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from cdc.top import Watch, render
+
+    watch = Watch(config, counts_every_s=1.0)
+    deadline = time.monotonic() + timeout_s
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: the last picture only, wide enough for every column
+        console = Console(width=140)
+    try:
+        picture = watch.sample()
+        with Live(render(picture, "cdc demo"), console=console, auto_refresh=False) as live:
+            while not picture.caught_up(sinks, target):
+                for name, process in sinks.items():
+                    if process.poll() is not None:
+                        raise click.ClickException(
+                            f"the {name} sink exited:\n" + (base / f"sink-{name}.log").read_text()[-2000:])
+                if time.monotonic() > deadline:
+                    raise click.ClickException(f"the stores did not catch up within {timeout_s:.0f} s")
+                time.sleep(0.5)
+                picture = watch.sample()
+                live.update(render(picture, "cdc demo"), refresh=True)
+        if not console.is_terminal:
+            console.line()  # Live leaves the last line open there
+        return picture
+    finally:
+        watch.close()
+
+
+def _compare(picture: Any, stores: list[str]) -> bool:
+    """Every store against the source: each table's rows in PostgreSQL and in each store.
+    Where `cdc verify` (rows compared by content, at one snapshot) is on main, it replaces
+    this: run it here, against the demo's config, and show its table."""
+    width = max(len(t.table) for t in picture.tables)
+    click.echo(f"  {'table':<{width}}  {'PostgreSQL':>10}" + "".join(f"  {name:>8}" for name in stores))
+    equal = True
+    for t in picture.tables:
+        counts = [t.stores.get(name) for name in stores]
+        equal &= all(n == t.source_rows for n in counts)
+        click.echo(f"  {t.table:<{width}}  {t.source_rows:>10}" + "".join(f"  {n!s:>8}" for n in counts))
+    click.echo(f"  every store {'equals' if equal else 'DIFFERS FROM'} the source in rows per table")
+    return equal
 
 
 def run_demo(workdir: Path | None, keep: bool) -> None:
-    base = Path(workdir or tempfile.mkdtemp(prefix="cdc-demo-"))
+    began = time.monotonic()
+    base = Path(workdir or tempfile.mkdtemp(prefix="cdc-demo-")).absolute()
     base.mkdir(parents=True, exist_ok=True)
+    from cdc.local.process import free_port
     from sinks.stores import STORES
 
     _step(f"starting PostgreSQL (wal_level=logical), Apache Kafka (KRaft) and each store's server under {base}")
     pg = LocalPostgres(base / "postgres").start()
     broker = LocalKafka(base / "broker").start()
     servers: list[Any] = []
-    settings: dict[str, str] = {}
-    daemon: subprocess.Popen | None = None
+    processes: list[tuple[subprocess.Popen, float]] = []  # stopped last-started first, with their grace
     try:
+        settings = {
+            "CDC_SOURCE_DSN": pg.dsn(), "CDC_SOURCE_TABLES": "public.*",
+            "CDC_TOPIC_BOOTSTRAP_SERVERS": broker.bootstrap_servers, "CDC_TOPIC_PREFIX": PREFIX,
+            "CDC_DAEMON_SPILL_DIR": str(base / "spill"), "CDC_DAEMON_METRICS_PORT": str(free_port()),
+            "CDC_DAEMON_METRICS_INTERVAL_S": "1", "CDC_SPARK_CHECKPOINT_DIR": str(base / "checkpoints"),
+        }
         for registration in STORES.values():
             server, env_of = registration.load().local(base)
             servers += [server] if server is not None else []
             settings.update(env_of)
-        dsn = pg.dsn()
-        click.echo(f"PostgreSQL: {dsn}\nbroker:     {broker.bootstrap_servers}")
+        config_path = _config_file(base / "cdc.toml", settings)
+        config = load_config(config_path, environ={})
+        dsn = config.source.dsn
+        click.echo(f"PostgreSQL: {dsn}\nbroker:     {broker.bootstrap_servers}\nconfig:     {config_path}")
         with psycopg.connect(dsn, autocommit=True) as conn:
             for title, sql in SCRIPT[:BEFORE_CDC]:
                 click.echo(f"  SQL ({title}, before cdc starts): {sql}")
                 conn.execute(sql)
-        env = {
-            **os.environ,
-            "CDC_SOURCE_DSN": dsn,
-            "CDC_SOURCE_TABLES": "public.*",
-            "CDC_TOPIC_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
-            "CDC_TOPIC_PREFIX": PREFIX,
-            "CDC_DAEMON_SPILL_DIR": str(base / "spill"),
-        }
         _step(
             "cdc run (the daemon): creates the publication, the slot and one compacted topic per table, reads the "
             "existing rows in a snapshot aligned to the slot (op=r), then streams"
         )
-        log = open(base / "cdc.log", "w", encoding="utf-8")  # noqa: SIM115 (lives as long as the daemon)
-        daemon = subprocess.Popen([sys.executable, "-m", "cdc", "run"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        daemon = _start(["run", "--config", str(config_path)], base, "cdc")
+        processes.append((daemon, 60))
         with psycopg.connect(dsn, autocommit=True) as conn:
             _wait(
                 lambda: daemon.poll() is not None or bool(conn.execute(
@@ -126,14 +198,16 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
             for title, sql in SCRIPT[BEFORE_CDC:]:
                 click.echo(f"  SQL ({title}): {sql}")
                 conn.execute(sql)
-            target = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+            row = conn.execute("SELECT pg_current_wal_lsn(), pg_current_wal_lsn() - '0/0'").fetchone()
+            assert row is not None
+            target_text, target = row[0], int(row[1])
             _wait(
                 lambda: bool(conn.execute(
-                    "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots WHERE slot_name = 'cdc'", (target,)
+                    "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots WHERE slot_name = 'cdc'", (target_text,)
                 ).fetchone()[0]),  # type: ignore[index]
                 60, "the broker to acknowledge every change",
             )
-        topic_config = TopicConfig(bootstrap_servers=broker.bootstrap_servers, prefix=PREFIX)
+        topic_config = config.topic
         for table in ("customers", "orders"):
             topic = topic_name(PREFIX, "public", table)
             _step(f"topic {topic}: every record, in offset order per partition")
@@ -154,33 +228,52 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
         _step("one full event (Debezium envelope)")
         first = next(iter(read_topic(topic_config, topic_name(PREFIX, "public", "customers"))))
         click.echo(json.dumps(payload_of(first.value), indent=2))  # type: ignore[arg-type]
-        env.update(settings)
-        env["CDC_SPARK_CHECKPOINT_DIR"] = str(base / "checkpoints")
-        config = load_config(environ=env)
+        _step("the Spark sink jobs, streaming: " + "; ".join(f"cdc sink {name}: {r.story}" for name, r in STORES.items()))
+        started = time.monotonic()
+        sinks = {}
+        for name in STORES:
+            sinks[name] = _start(["sink", name, "--config", str(config_path)], base, f"sink-{name}")
+            processes.append((sinks[name], 180))
+        picture = _watch(config, sinks, base, target, timeout_s=900)
+        caught_up = time.monotonic()
+        click.echo(
+            f"every store caught up: {caught_up - started:.0f} s after the sink jobs started, "
+            f"{caught_up - began:.0f} s after cdc demo started"
+        )
         tables = [topic_name(PREFIX, "public", table) for table in ("customers", "orders")]
         for name, registration in STORES.items():
-            _step(f"cdc sink {name} --once (a Spark job): the topics into {registration.story}")
-            _sink(name, env, base)
+            _step(f"what a reader finds in the {name} store")
             for line in registration.load().show(config, tables):
                 click.echo(f"  {line}")
             if name == "search":
                 _search_example(config.search.url)
+        _step("every store against the source")
+        _compare(picture, list(STORES))
         _step("cdc status")
-        status = subprocess.run([sys.executable, "-m", "cdc", "status"], env=env, capture_output=True, text=True)
+        status = subprocess.run([sys.executable, "-m", "cdc", "status", "--config", str(config_path)],
+                                capture_output=True, text=True)
         click.echo(status.stdout or status.stderr)
         if keep:
-            _step("keeping everything running; press Ctrl-C to stop")
-            click.echo(f"  try: CDC_SOURCE_DSN='{dsn}' CDC_TOPIC_BOOTSTRAP_SERVERS={broker.bootstrap_servers} "
-                       f"CDC_TOPIC_PREFIX={PREFIX} cdc tail public.customers --follow")
+            _step("everything keeps running: PostgreSQL, Kafka, the stores, cdc run and the sink jobs")
+            click.echo(f"  watch it:      cdc top --config {config_path}")
+            click.echo(f"  write rows:    psql '{dsn}'")
+            click.echo(f"  a report:      cdc report --config {config_path} --html {base / 'report.html'}")
+            click.echo(f"  the events:    cdc tail public.customers --follow --config {config_path}")
+            click.echo(f"  stop it all:   Ctrl-C here (or kill -INT {os.getpid()}); the logs stay in {base}")
             try:
                 while daemon.poll() is None:
                     time.sleep(1)
             except KeyboardInterrupt:
                 pass
+        _step("stopping the sink jobs (SIGTERM: each finishes its running batch)")
+        for name, process in sinks.items():
+            _stop(process, 180)
+            said = (base / f"sink-{name}.log").read_text(errors="replace").splitlines()
+            click.echo("  " + next((line for line in reversed(said) if line.startswith(f"sink {name}: ")),
+                                   f"sink {name}: exit {process.returncode}"))
     finally:
-        if daemon is not None and daemon.poll() is None:
-            daemon.send_signal(signal.SIGTERM)
-            daemon.wait(60)
+        for process, grace in reversed(processes):
+            _stop(process, grace)
         for server in servers:
             server.close()
         broker.stop()

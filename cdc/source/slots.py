@@ -104,3 +104,26 @@ def slot_holder(catalog: Catalog, slot: str) -> int | None:
     return None if row is None else row[0]
 
 
+
+
+def drop_slot(catalog: Catalog, config: Config) -> int | None:
+    """Drop the slot, holding its lock so that no cdc process starts on it meanwhile; the WAL
+    bytes it held back (None: there was no slot). A slot in use is refused, like a second daemon."""
+    claim_slot(catalog, config)
+    slot = config.source.slot
+    try:
+        state = slot_state(catalog, slot)
+        if not state.exists:
+            return None
+        if state.active_pid is not None:  # a walsender of another tool (cdc ones hold the lock)
+            raise PreflightError(
+                f"slot {slot} is in use by PID {state.active_pid}: stop that process first"
+            )
+        row = catalog.conn.execute(
+            "SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint "
+            "FROM pg_replication_slots WHERE slot_name = %s", (slot,),
+        ).fetchone()
+        catalog.conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        return int(row[0]) if row else 0
+    finally:
+        catalog.conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (_LOCK_CLASS, slot))

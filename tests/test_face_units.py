@@ -1,0 +1,209 @@
+"""The operator's face without servers: JSON log lines, the live view's rates and layout, the
+report's series and page (tests/test_operator_face.py runs them against a deployment)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections import deque
+
+from rich.console import Console
+
+from cdc import redact
+from cdc.kafka.history import Sample
+from cdc.report import History, Timeline, TopicSize, chart, per_second, render_html, sink_series
+from cdc.top import DaemonPicture, Picture, SinkPicture, TablePicture, rate, render
+
+
+def _json_line(message: str, *args: object, secrets: list[str], exc: BaseException | None = None, **extra: object) -> dict:
+    redact.install(secrets)
+    try:
+        formatter = redact.JsonFormatter("sink-cache")
+        record = logging.LogRecord("sinks.job", logging.WARNING, __file__, 1, message, args, None)
+        if exc is not None:
+            record.exc_info = (type(exc), exc, exc.__traceback__)
+        record.__dict__.update(extra)
+        return json.loads(formatter.format(record))
+    finally:
+        redact.install([])
+
+
+def test_a_json_line_has_the_fields_an_operator_filters_by():
+    line = _json_line("batch %d: %d records", 7, 120, secrets=[], batch=7, store="cache", table="public.t",
+                      lsn="0/16B3748")
+    assert set(line) == {"ts", "level", "component", "logger", "message", "batch", "store", "table", "lsn"}
+    assert (line["level"], line["component"], line["logger"]) == ("WARNING", "sink-cache", "sinks.job")
+    assert line["message"] == "batch 7: 120 records"
+    assert (line["batch"], line["store"], line["table"], line["lsn"]) == (7, "cache", "public.t", "0/16B3748")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["ts"])
+
+
+def test_secrets_are_masked_in_json_lines_and_the_line_stays_json():
+    """A secret with a quote and a backslash: masked before encoding, so no escape is cut in half."""
+    secret = 'pa"ss\\word-42'
+    try:
+        raise ValueError(f"cannot connect with password={secret}")
+    except ValueError as exc:
+        caught = exc
+    line = _json_line("connecting to redis://u:%s@host:6379/0 (%s)", secret, secret, secrets=[secret],
+                      exc=caught, table=f"t_{secret}")
+    assert secret not in json.dumps(line) and "pa\\\"ss" not in json.dumps(line)
+    assert line["message"] == "connecting to redis://u:***@host:6379/0 (***)"
+    assert "password=***" in line["error"] and line["table"] == "t_***"
+
+
+def test_setup_logging_in_json_writes_one_object_per_line(capsys):
+    root = logging.getLogger()
+    kept = root.handlers[:]
+    root.handlers = []
+    try:
+        redact.setup_logging("INFO", ["s3cret-value"], "json", "daemon")
+        logging.getLogger("cdc.daemon").info("streaming from %s", "0/1", extra={"lsn": "0/1"})
+        logging.getLogger("cdc.daemon").info("a secret: s3cret-value")
+        for handler in root.handlers:
+            handler.flush()
+    finally:
+        root.handlers = kept
+        redact.install([])
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [(x["component"], x["message"], x.get("lsn")) for x in lines] == [
+        ("daemon", "streaming from 0/1", "0/1"), ("daemon", "a secret: ***", None)]
+
+
+def test_rate_averages_the_recent_window_and_survives_a_restart():
+    points = deque([(0.0, 0), (5.0, 500), (10.0, 1000), (15.0, 1500)])
+    assert rate(points, 15.0) == 100.0  # from the point at the window's start (t=5) to now
+    assert rate(deque([(0.0, 0), (5.0, 500)]), 60.0) == 0.0  # nothing within the window: idle
+    assert rate(deque([(0.0, 900), (5.0, 1000), (10.0, 20)]), 10.0) == 20 / 5  # counting began again after 5 s
+    assert rate(deque([(0.0, 5)]), 1.0) is None
+
+
+def _picture() -> Picture:
+    daemon = DaemonPicture("cdc", True, True, 4242, "reserved", 0x16B3748, 0x16B3800, 184, 0.25, 90_000, 1234.0,
+                           56_789, "metrics", 3)
+    sinks = [
+        SinkPicture("cache", 0x16B3748, 12, 0, 1_000_000, 5_000, 850.0, 0, 0.0, False, True),
+        SinkPicture("delta", 0x1600000, 4, 2, 999_000, 4_000, 120.0, 0xB3748, 42.0, True, False),
+    ]
+    tables = [TablePicture("cdc.public.orders", "public.orders", 1000, False, {"cache": 1000, "delta": 990})]
+    return Picture("cdc", 1_002_000, daemon, sinks, tables, 1_001_000)
+
+
+def test_the_live_view_shows_every_stage():
+    console = Console(file=io.StringIO(), width=140, color_system=None)
+    console.print(render(_picture()))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "active pid 4242" in text and "1,234" in text and "56,789" in text and "0/16B3748" in text
+    cache = next(line for line in text.splitlines() if line.startswith("cache"))
+    assert cache.split() == ["cache", "850", "5,000", "0/16B3748", "0", "B", "0", "s", "0", "12", "2", "s", "ago",
+                             "caught", "up"]
+    delta = next(line for line in text.splitlines() if line.startswith("delta"))
+    assert "735.0 kB" in delta and "≥ 42.0 s" in delta and "catching up" in delta
+    orders = next(line for line in text.splitlines() if line.startswith("public.orders"))
+    assert orders.split() == ["public.orders", "1,000", "1,000", "990", "≠"]
+
+
+def test_caught_up_needs_every_job_past_the_lsn_and_the_newest_heartbeat_and_equal_counts():
+    picture = _picture()
+    assert not picture.caught_up(["cache"], 0x16B3748)  # delta's 990 rows: the counts differ
+    picture.tables[0].stores["delta"] = 1000
+    assert picture.caught_up(["cache"], 0x16B3748)
+    assert not picture.caught_up(["cache", "delta"], 0x1600000)  # delta is behind the newest heartbeat
+    picture.sinks[1].caught_up = True
+    assert picture.caught_up(["cache", "delta"], 0x1600000)
+    assert not picture.caught_up(["cache", "delta"], 0x16B3748)  # delta is not complete up to it
+
+
+def _history() -> History:
+    history = History("cdc", "cdc", 0, 100_000)
+    history.samples = [Sample("cdc", t * 1000, 1000 + 10 * t, 1000 + 12 * t, 0.1, 100 * t, 0, 0) for t in range(60)]
+    history.beats = [(t * 1000 + 500, 1000 + 10 * t) for t in range(60)]
+    history.progress = {"cache": [
+        {"ts_ms": 10_000, "complete_lsn": "0", "records": 0, "dead_letters": 0, "batch": 0},
+        {"ts_ms": 20_000, "complete_lsn": "1100", "records": 500, "dead_letters": 0, "batch": 1},
+        {"ts_ms": 30_000, "complete_lsn": "1290", "records": 1500, "dead_letters": 1, "batch": 2},
+    ]}
+    history.dead_letters = 1
+    history.topics = [TopicSize("cdc.public.t", 1500, 90_000, 1200, 80_000, 700, 50_000), TopicSize("cdc.__cdc_dlq", 1)]
+    return history
+
+
+def test_the_timeline_says_when_the_topics_passed_an_lsn():
+    timeline = Timeline(_history())
+    assert timeline.at(20_000) == 1200 and timeline.at(-1) is None
+    assert timeline.passed(1100) == timeline.passed(1105) == 11_000  # LSN 1110, the sample at 11 s
+    assert timeline.passed(10**9) is None
+
+
+def test_sink_series_from_progress_records():
+    behind, lag, throughput, letters = sink_series(_history())
+    assert behind["cache"] == [(20_000, 100.0), (30_000, 10.0)]  # the first record knew no LSN yet: left out
+    assert lag["cache"] == [(20_000, 9.0), (30_000, 0.0)]  # LSN 1100 was passed at 11 s; 1290 just now
+    assert throughput["cache"] == [(20_000, 50.0), (30_000, 100.0)]
+    assert letters["cache"] == [(10_000, 0.0), (20_000, 0.0), (30_000, 1.0)]
+    assert per_second([(0, 100), (1000, 50)]) == [(1000, 50.0)]  # a restart counts from 0
+
+
+def test_the_report_is_one_page_that_asks_for_nothing():
+    page = render_html(_history())
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert not re.search(r"<script|<link|<img|src=|url\(|@import", page)  # nothing to fetch, nothing to run
+    for title in ("slot lag (bytes)", "slot lag (seconds)", "records produced per second", "bytes behind the slot",
+                  "sinks: lag", "records applied per second", "dead letters (running total)", "after compaction"):
+        assert title in page, title
+    assert page.count("<polyline") == 7 and page.count("no data in this period") == 0
+    assert "<td>cdc.public.t</td><td>1,500</td><td>1,200</td><td>80.0 kB</td><td>700</td><td>50.0 kB</td>" in page
+
+
+def test_a_chart_without_data_says_so():
+    svg = chart("empty", {"x": []}, str, 0, 1000)
+    assert "no data in this period" in svg and "<polyline" not in svg
+
+
+def test_sink_metrics_count_batches_per_table_and_retries_by_reason(monkeypatch):
+    """The retry loop reports each batch read again: a failure a retry may cure, then a store
+    that lost writes (the job and the store stand-ins hold no Spark and no server)."""
+    import sinks.runner as runner
+    from cdc.config import Config
+    from sinks.metrics import SinkMetrics
+    from sinks.pipeline import Progress
+    from sinks.store import StoreLost
+
+    metrics = SinkMetrics("cache", Config())
+    metrics.batch(1.5, {"cdc.public.orders": 10, "cdc.public.Odd-20Name": 3, "cdc.public.empty": 0}, 2, 0x16B3748)
+    failures = [ConnectionError("Redis went away"), StoreLost("the batch count is gone")]
+
+    def run(*_args: object) -> Progress:
+        if failures:
+            raise failures.pop(0)
+        return Progress()
+
+    class Job:
+        def __init__(self, *_args: object) -> None:
+            self.progress = Progress()
+
+        def forget(self) -> None: ...
+
+        def close(self) -> None: ...
+
+    class Store:
+        name, transient = "cache", ()
+
+        def clear(self) -> None: ...
+
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(runner, "SinkJob", Job)
+    monkeypatch.setattr(runner.checkpoints, "drop", lambda *_: None)
+    monkeypatch.setattr(runner.time, "sleep", lambda _: None)
+    runner.keep_running(None, Config(), Store(), True, lambda: False, metrics)  # type: ignore[arg-type]
+    value = metrics.registry.get_sample_value
+    assert value("cdc_sink_retries_total", {"store": "cache", "reason": "failed"}) == 1
+    assert value("cdc_sink_retries_total", {"store": "cache", "reason": "store_lost"}) == 1
+    assert value("cdc_sink_records_total", {"store": "cache", "table": "public.orders"}) == 10
+    assert value("cdc_sink_records_total", {"store": "cache", "table": 'public."Odd Name"'}) == 3
+    assert value("cdc_sink_records_total", {"store": "cache", "table": "public.empty"}) is None
+    assert value("cdc_sink_dead_letters_total", {"store": "cache"}) == 2
+    assert value("cdc_sink_batch_duration_seconds_count", {"store": "cache"}) == 1
+    assert value("cdc_sink_complete_lsn", {"store": "cache"}) == 0x16B3748
