@@ -59,21 +59,18 @@ class TopicReport:
 def clean_truncated(config: Config, patterns: list[str]) -> list[str]:
     """`cdc topics clean-truncated`: what was done or requested, one line each."""
     from cdc.naming import topic_name
-    from cdc.source.preflight import PreflightError, check_server, connect_catalog, resolve_tables
+    from cdc.source.preflight import check_server, connect_catalog, resolve_tables
     from cdc.source.slots import try_claim_slot
     from compaction.truncates import request_message
     from snapshot.incremental import MESSAGE_PREFIX
-    from snapshot.plan import captured_names
+    from snapshot.plan import chosen_names
 
     slot = config.source.slot
     catalog = connect_catalog(config)
     try:
         check_server(catalog)
         tables = resolve_tables(catalog, config)
-        try:
-            names = captured_names(tables, patterns) or [t.display for t in tables]
-        except ValueError as exc:
-            raise PreflightError(str(exc)) from None
+        names = chosen_names(tables, patterns)
         topics = {topic_name(config.topic.prefix, t.schema, t.table): t.display for t in tables if t.display in names}
         if try_claim_slot(catalog, slot):  # no daemon streams from the slot, and none starts while we hold it
             return _write_tombstones(config, topics)

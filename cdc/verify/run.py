@@ -23,7 +23,7 @@ import orjson
 
 from cdc.config import Config, ConfigError
 from cdc.kafka.policy import duration
-from cdc.source.preflight import PreflightError, check_server, connect_catalog, resolve_tables
+from cdc.source.preflight import check_server, connect_catalog, resolve_tables
 from cdc.source.replication import format_lsn
 from cdc.verify.postgres import SourceSide, SourceTable
 from compaction.verify import EXAMPLES, Digest, Outcome, Side, candidates, differing, example, judge
@@ -204,7 +204,7 @@ def _store_side(name: str, config: Config, spark: Any) -> Side:
 def verify(config: Config, patterns: list[str], stores: list[str] | None, timeout_s: float,
            spark: Callable[[], Any] | None = None) -> Report:
     """The whole comparison. `spark`: gives the Spark session for the warehouse (made on first use)."""
-    from snapshot.plan import captured_names
+    from snapshot.plan import chosen_names
 
     started = time.monotonic()
     chosen, _ = _sides(config, stores)
@@ -215,10 +215,7 @@ def verify(config: Config, patterns: list[str], stores: list[str] | None, timeou
     try:
         check_server(catalog)
         captured = resolve_tables(catalog, config)
-        try:
-            names = captured_names(captured, patterns) or [t.display for t in captured]
-        except ValueError as exc:
-            raise PreflightError(str(exc)) from None
+        names = chosen_names(captured, patterns)
         lsn = _snapshot(source, config)
         tables = [source.describe(t) for t in captured if t.display in names]
         waiter = _Waiter(config, source, topic, timeout_s)
