@@ -24,7 +24,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from compaction.progress import read_progress
 from psycopg import sql
 
 from cdc.config import TopicConfig
@@ -33,6 +32,7 @@ from cdc.local.process import free_port
 from cdc.local.redis import LocalRedis
 from cdc.naming import topic_name
 from cdc.top import scrape
+from sinks.progress import read_progress
 from tests.support import (
     DaemonProcess,
     current_lsn,
