@@ -52,13 +52,13 @@ def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _component(config: Config, params: dict[str, Any]) -> tuple[str, str]:
     """Who logs (the JSON lines' `component`) and in which format: the sink jobs (and the
-    search rebuild) take `[spark] log_format`, every other command `[daemon] log_format`."""
+    rebuilds) take `[spark] log_format`, every other command `[daemon] log_format`."""
     ctx = click.get_current_context()
     name = ctx.command.name or "cdc"
     if name == "sink":
         return f"sink-{params.get('store')}", config.spark.log_format
-    if ctx.parent is not None and ctx.parent.command.name == "search" and name == "rebuild":
-        return "search-rebuild", config.spark.log_format
+    if ctx.parent is not None and ctx.parent.command.name in ("search", "cache", "delta") and name == "rebuild":
+        return f"{ctx.parent.command.name}-rebuild", config.spark.log_format
     return ("daemon" if name in ("run", "snapshot") else name), config.daemon.log_format
 
 
@@ -513,6 +513,31 @@ def rebuild_history(config: Config) -> None:
             click.echo(f"{table}: {versions} versions")
 
 
+@delta.command("rebuild")
+@click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
+@_with_config
+def delta_rebuild(config: Config, in_driver: bool) -> None:
+    """Fill every table's current/ again from the topics in a folder of its own, then
+    replace each table's rows in one commit: readers read the version before it until
+    then (time travel keeps it). changes/ and history/ are not the topics' to restore
+    (see rebuild-history). A running `cdc sink delta` may go on; on [spark] master =
+    spark://... it runs on the cluster."""
+    from sinks.batch import TypeConflict
+    from sinks.query import StopSignal
+    from sinks.rebuild import rebuild_delta_here
+    from sinks.runner import run_submitted
+    from sinks.store import SinkStopped
+
+    if config.spark.master.startswith("spark://") and not in_driver:
+        config_path = click.get_current_context().params.get("config_path")
+        sys.exit(run_submitted(config, "delta", ["delta", "rebuild"], config_path))
+    try:
+        switched = rebuild_delta_here(config, StopSignal())
+    except (SinkStopped, TypeConflict) as exc:
+        _fail(str(exc))
+    click.echo(f"delta rebuild: {len(switched)} tables of current/ replaced, {sum(n for _, n in switched)} rows")
+
+
 @main.group()
 def search() -> None:
     """Maintain the search index at [search] url."""
@@ -542,6 +567,36 @@ def rebuild(config: Config, in_driver: bool) -> None:
     for alias, old, new, documents in moved:
         click.echo(f"{alias}: {', '.join(old) or 'no index'} -> {new} ({documents} documents)")
     click.echo(f"search rebuild: {len(moved)} indexes swapped")
+
+
+@main.group()
+def cache() -> None:
+    """Maintain the Redis cache at [cache] url."""
+
+
+@cache.command("rebuild")
+@click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
+@_with_config
+def cache_rebuild(config: Config, in_driver: bool) -> None:
+    """Fill the cache again from the topics into another Redis database ([cache]
+    rebuild_db), then swap it in with SWAPDB and flush the old one: GET readers never see
+    the cache missing or half full. A running `cdc sink cache` may go on; on [spark]
+    master = spark://... it runs on the cluster."""
+    from sinks.batch import TypeConflict
+    from sinks.query import StopSignal
+    from sinks.rebuild import rebuild_cache_here
+    from sinks.runner import run_submitted
+    from sinks.store import SinkStopped
+
+    if config.spark.master.startswith("spark://") and not in_driver:
+        config_path = click.get_current_context().params.get("config_path")
+        sys.exit(run_submitted(config, "cache", ["cache", "rebuild"], config_path))
+    try:
+        rebuilt, live, rows = rebuild_cache_here(config, StopSignal())
+    except (SinkStopped, TypeConflict) as exc:
+        _fail(str(exc))
+    click.echo(f"cache rebuild: database {rebuilt} swapped in as database {live}, {len(rows)} tables, "
+               f"{sum(rows.values())} rows")
 
 
 def _warehouse(config: Config, conf: dict[str, str] | None = None) -> Any:

@@ -419,6 +419,10 @@ class CacheConfig:
     row_ttl_s: int = opt(
         0, "rows expire after this long without a write (`0`: never); at least marker_ttl_s", low=0,
     )
+    rebuild_db: int = opt(
+        -1, "the logical database `cdc cache rebuild` fills and then swaps in (SWAPDB): empty, or an unfinished "
+        "rebuild's (`-1`: the one after the URL's)", low=-1,
+    )
 
 
 @dataclass
