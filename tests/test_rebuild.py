@@ -206,37 +206,6 @@ def test_a_delta_rebuild_replaces_current_while_readers_and_the_job_go_on(
     assert daemon.stop() == 0
 
 
-def test_a_delta_rebuild_stopped_before_its_switch_leaves_current_and_goes_on(
-    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any
-) -> None:
-    daemon = acct_changes_captured(db, run_daemon)
-    config = _delta_config(tmp_path, db, broker_servers, topic_prefix)
-    assert "0 dead letters" in Sink(config, tmp_path / "sink.log", store="delta").once()
-    log_folder = tmp_path / "warehouse" / "current" / "public" / "acct" / "_delta_log"
-    versions = sorted(p.name for p in log_folder.glob("*.json"))
-
-    env = {**os.environ, "CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "40"}  # many batches
-    log = tmp_path / "rebuild.log"
-    with log.open("w") as out:
-        rebuild = subprocess.Popen([sys.executable, "-m", "cdc", "delta", "rebuild", "--config", str(config)],
-                                   stdout=out, stderr=subprocess.STDOUT, env=env)
-        wait_for(lambda: "sinks.pipeline: batch 1:" in log.read_text(), SINK_TIMEOUT_S, "a rebuild batch")
-        rebuild.send_signal(signal.SIGTERM)
-        assert rebuild.wait(300) == 1
-    assert [line for line in log.read_text().splitlines() if line.startswith("error:")] == [
-        "error: the rebuild stopped before its switch; current/ is untouched: run `cdc delta rebuild` again to go "
-        "on from where it stopped"]
-    assert sorted(p.name for p in log_folder.glob("*.json")) == versions  # not one commit to current/
-    assert (tmp_path / "warehouse" / "_cdc" / "rebuild" / "current" / "public" / "acct").exists()
-
-    done = cdc("delta", "rebuild", "--config", str(config), timeout=900)  # the rest in one batch
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == f"delta rebuild: 1 tables of current/ replaced, {len(acct_rows(db))} rows"
-    assert "sinks.pipeline: batch 0:" not in done.stderr  # it went on from its offsets
-    _verify(config, "delta")
-    assert daemon.stop() == 0
-
-
 def test_a_cache_rebuild_names_its_databases_and_refuses_a_cluster() -> None:
     from cdc.config import CacheConfig, ConfigError
     from sinks.cache import Settings
