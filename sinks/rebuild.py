@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Protocol, TypeVar
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -30,6 +31,8 @@ from sinks.search import SearchStore
 from sinks.spark import build_session, log_conf
 from sinks.store import SinkStopped, Store
 from sinks.topics import ProgressLog, SchemaFeed
+
+S = TypeVar("S", covariant=True)
 
 REBUILD_PASSES = 6  # a search rebuild's passes before its swap, at most
 CAUGHT_UP_S = 10.0  # a pass this short: the new indexes are close enough behind to swap
@@ -83,19 +86,7 @@ def rebuild_cache_here(config: Config, stop: StopSignal) -> tuple[int, int, dict
     spark = build_session("cdc-cache-rebuild", master=config.spark.master, conf=log_conf(config.spark.log_format))
     stop.install()
     try:
-        if not generations.swapped():  # else an earlier run stopped after its switch
-            store = generations.store(swapped=False)
-            generations.prepare(resumed=checkpoints.last_committed(spark, checkpoint(config, store.name)) is not None)
-            _passes(spark, config, store, stop)
-            if stop():
-                raise SinkStopped("the rebuild stopped before its switch; the cache is untouched: run `cdc cache "
-                                  "rebuild` again to go on from where it stopped")
-            generations.swap()
-        store = generations.store(swapped=True)
-        keep_running(spark, config, store, True, lambda: False)  # after the switch it finishes
-        generations.finish()
-        checkpoints.drop(spark, checkpoint(config, store.name))
-        ProgressLog(config.topic, store.name).forget()
+        _fill_and_switch(spark, config, generations, stop, "the cache", "cdc cache rebuild")
         return generations.target, generations.live, generations.rows()
     finally:
         spark.stop()
@@ -116,24 +107,42 @@ def rebuild_delta_here(config: Config, stop: StopSignal) -> list[tuple[str, int]
     spark = build_session("cdc-delta-rebuild", master=config.spark.master, conf=log_conf(config.spark.log_format))
     stop.install()
     try:
-        rebuild = Rebuild(spark, config.delta.path)
-        switched: list[tuple[str, int]] = []
-        if not rebuild.swapped():  # else an earlier run stopped after its switch
-            store = rebuild.store(swapped=False)
-            rebuild.prepare(resumed=checkpoints.last_committed(spark, checkpoint(config, store.name)) is not None)
-            _passes(spark, config, store, stop)
-            if stop():
-                raise SinkStopped("the rebuild stopped before its switch; current/ is untouched: run `cdc delta "
-                                  "rebuild` again to go on from where it stopped")
-            switched = rebuild.swap()
-        store = rebuild.store(swapped=True)
-        keep_running(spark, config, store, True, lambda: False)  # after the switch it finishes
-        rebuild.finish()
-        checkpoints.drop(spark, checkpoint(config, store.name))
-        ProgressLog(config.topic, store.name).forget()
-        return switched
+        return _fill_and_switch(spark, config, Rebuild(spark, config.delta.path), stop, "current/",
+                                "cdc delta rebuild") or []
     finally:
         spark.stop()
+
+
+class _Generations(Protocol[S]):
+    """A store's generation beside the live one (sinks.cache_rebuild, sinks.delta_rebuild)."""
+
+    def swapped(self) -> bool: ...
+    def store(self, swapped: bool) -> Store: ...
+    def prepare(self, resumed: bool) -> None: ...
+    def swap(self) -> S: ...
+    def finish(self) -> None: ...
+
+
+def _fill_and_switch(spark: SparkSession, config: Config, generations: _Generations[S], stop: StopSignal,
+                     untouched: str, command: str) -> S | None:
+    """The rebuilds' one shape after the store's own checks: passes into the new generation,
+    the switch, one more position-guarded pass into the live store, the clean-up; what the
+    switch returned (None: an earlier run had switched and stopped before its clean-up)."""
+    switched = None
+    if not generations.swapped():  # else an earlier run stopped after its switch
+        store = generations.store(swapped=False)
+        generations.prepare(resumed=checkpoints.last_committed(spark, checkpoint(config, store.name)) is not None)
+        _passes(spark, config, store, stop)
+        if stop():
+            raise SinkStopped(f"the rebuild stopped before its switch; {untouched} is untouched: run `{command}` "
+                              "again to go on from where it stopped")
+        switched = generations.swap()
+    store = generations.store(swapped=True)
+    keep_running(spark, config, store, True, lambda: False)  # after the switch it finishes
+    generations.finish()
+    checkpoints.drop(spark, checkpoint(config, store.name))
+    ProgressLog(config.topic, store.name).forget()
+    return switched
 
 
 def _passes(spark: SparkSession, config: Config, store: Store, stop: StopSignal) -> None:
