@@ -25,6 +25,16 @@ def _fail(message: str) -> None:
     sys.exit(1)
 
 
+def _on_the_cluster(config: Config, store: str, command: list[str], in_driver: bool) -> None:
+    """With [spark] master = spark://...: submit `cdc <command>` to the cluster, where its
+    driver runs it (`--in-driver`), and exit with its status; else return to run it here."""
+    from sinks.runner import run_submitted
+
+    if config.spark.master.startswith("spark://") and not in_driver:
+        config_path = click.get_current_context().params.get("config_path")
+        sys.exit(run_submitted(config, store, command, config_path))
+
+
 def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
     """Adds --config, loads it, and turns the project's one-line errors into exit 1."""
 
@@ -454,7 +464,7 @@ def sink(config: Config, store: str, once: bool, in_driver: bool, print_submit: 
     from cdc.source.replication import format_lsn
     from sinks.batch import TypeConflict
     from sinks.query import StopSignal
-    from sinks.runner import run_here, run_submitted, submit
+    from sinks.runner import run_here, submit
     from sinks.store import SinkStopped
     from sinks.stores import check
 
@@ -464,9 +474,7 @@ def sink(config: Config, store: str, once: bool, in_driver: bool, print_submit: 
         config_path = click.get_current_context().params.get("config_path")
         click.echo(shlex.join(submit(config, command, config_path, ".")))
         return
-    if config.spark.master.startswith("spark://") and not in_driver:
-        config_path = click.get_current_context().params.get("config_path")
-        sys.exit(run_submitted(config, store, command, config_path))
+    _on_the_cluster(config, store, command, in_driver)
     try:
         progress = run_here(config, store, once, StopSignal())
     except (SinkStopped, TypeConflict) as exc:
@@ -525,12 +533,9 @@ def delta_rebuild(config: Config, in_driver: bool) -> None:
     from sinks.batch import TypeConflict
     from sinks.query import StopSignal
     from sinks.rebuild import rebuild_delta_here
-    from sinks.runner import run_submitted
     from sinks.store import SinkStopped
 
-    if config.spark.master.startswith("spark://") and not in_driver:
-        config_path = click.get_current_context().params.get("config_path")
-        sys.exit(run_submitted(config, "delta", ["delta", "rebuild"], config_path))
+    _on_the_cluster(config, "delta", ["delta", "rebuild"], in_driver)
     try:
         switched = rebuild_delta_here(config, StopSignal())
     except (SinkStopped, TypeConflict) as exc:
@@ -554,12 +559,9 @@ def rebuild(config: Config, in_driver: bool) -> None:
     from sinks.batch import TypeConflict
     from sinks.query import StopSignal
     from sinks.rebuild import rebuild_search_here
-    from sinks.runner import run_submitted
     from sinks.store import SinkStopped
 
-    if config.spark.master.startswith("spark://") and not in_driver:
-        config_path = click.get_current_context().params.get("config_path")
-        sys.exit(run_submitted(config, "search", ["search", "rebuild"], config_path))
+    _on_the_cluster(config, "search", ["search", "rebuild"], in_driver)
     try:
         moved = rebuild_search_here(config, StopSignal())
     except (SinkStopped, TypeConflict) as exc:
@@ -585,12 +587,9 @@ def cache_rebuild(config: Config, in_driver: bool) -> None:
     from sinks.batch import TypeConflict
     from sinks.query import StopSignal
     from sinks.rebuild import rebuild_cache_here
-    from sinks.runner import run_submitted
     from sinks.store import SinkStopped
 
-    if config.spark.master.startswith("spark://") and not in_driver:
-        config_path = click.get_current_context().params.get("config_path")
-        sys.exit(run_submitted(config, "cache", ["cache", "rebuild"], config_path))
+    _on_the_cluster(config, "cache", ["cache", "rebuild"], in_driver)
     try:
         rebuilt, live, rows = rebuild_cache_here(config, StopSignal())
     except (SinkStopped, TypeConflict) as exc:
