@@ -38,9 +38,41 @@ from tests.support import (
 )
 
 
-def test_log_cleaner_compacts_cdc_topics_to_the_source_table(tmp_path, db, eager_broker, topic_prefix):
+def _apply_stores(config) -> None:
+    """Each store's job, `--once`, in this process (the stores' live jobs)."""
+    from sinks import stores
+    from sinks.query import ensure_topics
+    from sinks.runner import check, keep_running
+    from sinks.spark import build_session
+
+    spark = build_session("test-compaction-stores")
+    try:
+        for store in ("cache", "search", "delta"):
+            check(config, store)
+            ensure_topics(config)
+            keep_running(spark, config, stores.build(store, spark, config), True, lambda: False)
+    finally:
+        spark.stop()
+
+
+def test_log_cleaner_compacts_cdc_topics_to_the_source_table(
+    tmp_path, db, eager_broker, topic_prefix, opensearch, monkeypatch
+):
     """Superseded records, deleted rows and, after the daemon's truncate clean-up, the rows a
-    truncate removed all leave the topic; tombstones go after delete.retention.ms."""
+    truncate removed all leave the topic; tombstones go after delete.retention.ms. Every store,
+    filled before the cleaner ran and rebuilt from the topic after it (`cdc search|cache|delta
+    rebuild`), equals the source (`cdc verify`)."""
+    import signal
+
+    from click.testing import CliRunner
+
+    from cdc.cli import main
+    from cdc.config import load
+    from cdc.local.redis import LocalRedis
+    from sinks.query import StopSignal
+    from sinks.rebuild import rebuild_cache_here, rebuild_delta_here, rebuild_search_here
+
+    monkeypatch.chdir(tmp_path)  # Spark's spark-warehouse/ lands in the cwd
     servers = eager_broker.bootstrap_servers
     topic = topic_name(topic_prefix, "public", "acct")
     admin = KafkaAdminClient(bootstrap_servers=servers)
@@ -63,6 +95,13 @@ def test_log_cleaner_compacts_cdc_topics_to_the_source_table(tmp_path, db, eager
         conn.execute("INSERT INTO public.acct SELECT g, 1, 'again' FROM generate_series(20, 29) g")
     wait_caught_up(db.dsn, slot, daemon)
     wait_for(lambda: "truncate clean-up of public.acct: 35 tombstones" in daemon.output(), 60, "the truncate clean-up")
+    redis_server = LocalRedis(tmp_path / "redis").start()  # its own: a cache rebuild swaps whole databases
+    stores = load(write_config(
+        tmp_path / "stores.toml", db.dsn, servers, topic_prefix, ["public.acct"],
+        spark={"checkpoint_dir": str(tmp_path / "checkpoints")}, delta={"path": str(tmp_path / "warehouse")},
+        search={"url": opensearch.url, "replicas": 0}, cache={"url": redis_server.url},
+    ))
+    _apply_stores(stores)  # before the cleaner: from the whole log
     written = 60 * 11 + 20 * 2 + 5 + 1 + 10  # inserts, updates, deletes (a d and a tombstone), the transaction
     gone = {orjson.dumps({"id": i}) for i in (*range(20), *range(30, 60), *range(100, 105))}
 
@@ -86,6 +125,22 @@ def test_log_cleaner_compacts_cdc_topics_to_the_source_table(tmp_path, db, eager
     assert table.order_violations() == []
     assert table.state() == source_table(db.dsn, "SELECT id, version, note FROM public.acct")
     assert len(table.state()) == 10
+
+    # every store rebuilt from the compacted topic, its live job going on after; then verify
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for rebuild in (rebuild_search_here, rebuild_cache_here, rebuild_delta_here):
+            rebuild(stores, StopSignal())
+        _apply_stores(stores)
+        result = CliRunner().invoke(main, ["verify", "--config", str(tmp_path / "stores.toml")],
+                                    catch_exceptions=False)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        redis_server.stop()
+    assert result.exit_code == 0, result.output
+    assert [line.split()[0] for line in result.output.splitlines()[1:-1]] == [
+        "public.acct:", "topic", "delta", "search", "cache"]
     assert daemon.stop() == 0
 
 
