@@ -4,8 +4,6 @@
   behind hidden aliases, then the readers' aliases swapped in one step;
 - `cdc cache rebuild`: the cache again from the topics in another Redis database, then
   SWAPDB (sinks.cache_rebuild);
-- `cdc delta rebuild`: current/ again from the topics in a folder of its own, then one
-  commit per table replacing its rows (sinks.delta_rebuild);
 - `cdc delta rebuild-history`: history/ again from changes/, the complete change log. A
   compacted topic has lost superseded versions, so history/ is only as complete as the
   topic was when the job first read it; changes/ keeps every event the job ever read, and
@@ -92,29 +90,8 @@ def rebuild_cache_here(config: Config, stop: StopSignal) -> tuple[int, int, dict
         spark.stop()
 
 
-def rebuild_delta_here(config: Config, stop: StopSignal) -> list[tuple[str, int]]:
-    """`cdc delta rebuild`: every table's `current/` again from the topics, beside the one
-    readers use (sinks.delta_rebuild), then one commit per table replacing its rows;
-    (table path, rows) per table switched.
-
-    The shape of `cdc search rebuild`: passes until one is short, the switch, one more
-    position-guarded pass into `current/` itself for what the live job wrote after the
-    rebuild's last pass, then the rebuilt tables and the rebuild's checkpoint go."""
-    from sinks.delta_rebuild import Rebuild
-
-    check(config, "delta")
-    ensure_topics(config)
-    spark = build_session("cdc-delta-rebuild", master=config.spark.master, conf=log_conf(config.spark.log_format))
-    stop.install()
-    try:
-        return _fill_and_switch(spark, config, Rebuild(spark, config.delta.path), stop, "current/",
-                                "cdc delta rebuild") or []
-    finally:
-        spark.stop()
-
-
 class _Generations(Protocol[S]):
-    """A store's generation beside the live one (sinks.cache_rebuild, sinks.delta_rebuild)."""
+    """A store's generation beside the live one (sinks.cache_rebuild)."""
 
     def swapped(self) -> bool: ...
     def store(self, swapped: bool) -> Store: ...
