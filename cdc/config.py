@@ -254,6 +254,11 @@ class TopicConfig:
         1048588, "`max.message.bytes` of created topics; the largest record cdc will send", low=1
     )
     allow_non_compacted: bool = opt(False, "accept an existing topic whose `cleanup.policy` is not `compact`")
+    truncate_cleanup: bool = opt(
+        True,
+        "after a truncate, the daemon writes a tombstone for each key it removed, so the log cleaner "
+        "drops those rows (Debezium does not; see Compaction)",
+    )
     client: str = opt(
         "kafka-python",
         "`kafka-python` or `confluent` (confluent-kafka, `pip install -e '.[confluent]'`, several times faster)",

@@ -97,7 +97,10 @@ class TruncateCleanups:
         self.tracking = False
 
     def truncated(self, records: Iterable[Record]) -> None:
-        """Records of a truncate (one per table): clean each table up after the commit."""
+        """Records of a truncate (one per table): clean each table up after the commit, unless
+        `[topic] truncate_cleanup` is off (a request from `cdc topics clean-truncated` still is)."""
+        if not self.config.truncate_cleanup:
+            return
         for record in records:
             if record.key == TRUNCATE_KEY:
                 self._pending[record.topic] = record.table

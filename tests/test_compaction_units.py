@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from cdc.events.records import TOAST_PLACEHOLDER, TOAST_PLACEHOLDER_BYTES, TRUNCATE_KEY
+from cdc.config import TopicConfig
+from cdc.events.records import TOAST_PLACEHOLDER, TOAST_PLACEHOLDER_BYTES, TRUNCATE_KEY, Record
 from cdc.kafka.reader import TopicRecord
 from compaction.canonical import (
     Column,
@@ -21,6 +22,7 @@ from compaction.canonical import (
 )
 from compaction.horizon import Horizon, SinkLag
 from compaction.table import KeyState, MalformedEvent, TopicTable, build
+from compaction.truncates import TruncateCleanups
 from compaction.verify import Found, candidates, differing, judge
 
 
@@ -233,3 +235,14 @@ def test_the_horizon_warns_at_half_and_reports_past_it() -> None:
         "sink cache is 25 s behind, past the tombstone horizon (delete.retention.ms of p.public.t = 20 s): deletes it "
         "has not applied may be gone from the topics"
     )
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_truncate_starts_a_clean_up_unless_switched_off_and_a_request_always_does(on: bool) -> None:
+    cleanups = TruncateCleanups(TopicConfig(truncate_cleanup=on))
+    cleanups.truncated([Record("p.public.t", TRUNCATE_KEY, b"{}", "public.t")])
+    cleanups.committed(100)
+    assert cleanups.tracking is on
+    cleanups.requested({"p.public.u": "public.u"})
+    cleanups.committed(200)
+    assert cleanups.tracking
