@@ -23,6 +23,7 @@ from click.testing import CliRunner
 
 from cdc.cli import main
 from cdc.config import Config, load
+from cdc.kafka.heartbeat import newest_heartbeat
 from cdc.kafka.producer import make_producer
 from cdc.kafka.reader import read_topic
 from cdc.naming import topic_name
@@ -36,7 +37,6 @@ from tests.support import (
     Writers,
     cdc,
     current_lsn,
-    last_heartbeat,
     slot_of,
     start_streaming,
     wait_caught_up,
@@ -256,7 +256,7 @@ def test_tampered_sides_are_reported_and_exit_1(stack: Stack) -> None:
 
     wait_caught_up(stack.dsn, slot_of(stack.config.topic.prefix))
     target = current_lsn(stack.dsn)  # a --once run is complete up to the last heartbeat it reads: one past the writes
-    wait_for(lambda: last_heartbeat(stack.config.topic) >= target, 60, "a heartbeat past the writers' last commit")
+    wait_for(lambda: newest_heartbeat(stack.config.topic) >= target, 60, "a heartbeat past the writers' last commit")
     for store in ("cache", "search", "delta"):  # what the writers left, applied
         stack.apply(store)
     with psycopg.connect(stack.dsn, autocommit=True) as conn:
