@@ -25,6 +25,16 @@ def _fail(message: str) -> None:
     sys.exit(1)
 
 
+def _on_the_cluster(config: Config, store: str, command: list[str], in_driver: bool) -> None:
+    """With [spark] master = spark://...: submit `cdc <command>` to the cluster, where its
+    driver runs it (`--in-driver`), and exit with its status; else return to run it here."""
+    from sinks.runner import run_submitted
+
+    if config.spark.master.startswith("spark://") and not in_driver:
+        config_path = click.get_current_context().params.get("config_path")
+        sys.exit(run_submitted(config, store, command, config_path))
+
+
 def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
     """Adds --config, loads it, and turns the project's one-line errors into exit 1."""
 
@@ -52,13 +62,13 @@ def _with_config(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _component(config: Config, params: dict[str, Any]) -> tuple[str, str]:
     """Who logs (the JSON lines' `component`) and in which format: the sink jobs (and the
-    search rebuild) take `[spark] log_format`, every other command `[daemon] log_format`."""
+    rebuilds) take `[spark] log_format`, every other command `[daemon] log_format`."""
     ctx = click.get_current_context()
     name = ctx.command.name or "cdc"
     if name == "sink":
         return f"sink-{params.get('store')}", config.spark.log_format
-    if ctx.parent is not None and ctx.parent.command.name == "search" and name == "rebuild":
-        return "search-rebuild", config.spark.log_format
+    if ctx.parent is not None and ctx.parent.command.name in ("search", "cache", "delta") and name == "rebuild":
+        return f"{ctx.parent.command.name}-rebuild", config.spark.log_format
     return ("daemon" if name in ("run", "snapshot") else name), config.daemon.log_format
 
 
@@ -161,13 +171,19 @@ def snapshot(config: Config, tables: tuple[str, ...], incremental: bool) -> None
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--check", is_flag=True,
+              help="Exit 1 when a sink is past half of the tombstone horizon (delete.retention.ms), 2 when past it.")
 @_with_config
-def status(config: Config, as_json: bool) -> None:
-    """Slot state (active, confirmed LSN, wal_status, WAL retained), lag, topic end offsets."""
-    from cdc.status import collect, render
+def status(config: Config, as_json: bool, check: bool) -> None:
+    """Slot state (active, confirmed LSN, wal_status, WAL retained), lag, topic end offsets, and
+    each sink's progress, with a warning well before it falls further behind than the topics
+    keep tombstones (delete.retention.ms)."""
+    from cdc.status import check_code, collect, render
 
     result = collect(config)
     click.echo(redact(json.dumps(result, indent=2) if as_json else render(result)))
+    if check:
+        sys.exit(check_code(result))
 
 
 @main.command()
@@ -283,9 +299,9 @@ def tail(config: Config, table: str, follow: bool, from_end: bool, raw: bool) ->
     """Print the events of TABLE's topic (TABLE as schema.table, quoted as SQL quotes it)."""
     from kafka.errors import KafkaError
 
+    from cdc.kafka.reader import read_topic
     from cdc.kafka.topics import ClientErrors, TopicError, connect_failure
     from cdc.naming import parse_table_pattern, topic_name
-    from compaction.reader import read_topic
 
     try:
         pattern = parse_table_pattern(table)
@@ -335,6 +351,87 @@ def _print_records(records: Iterable[Any], topic: str, raw: bool) -> None:
                 click.echo(json.dumps(value, indent=2, ensure_ascii=False))
 
 
+@main.group()
+def topics() -> None:
+    """The prefix's topics against cdc's topic policy, and the truncate clean-up."""
+
+
+@topics.command("describe")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_with_config
+def topics_describe(config: Config, as_json: bool) -> None:
+    """Every topic's settings, cdc's value for each and what it means for consumers; problems
+    (settings that lose data or stop the pipeline) with their fixes."""
+    from cdc.kafka.topics import TopicAdmin
+    from cdc.topic_commands import render, reports
+
+    admin = TopicAdmin(config.topic)
+    try:
+        found = reports(config, admin)
+    finally:
+        admin.close()
+    click.echo(json.dumps([r.as_json() for r in found], indent=2) if as_json else render(found))
+
+
+@topics.command("ensure")
+@_with_config
+def topics_ensure(config: Config) -> None:
+    """Repair what a settings change can repair, and give cdc's policy value to every setting a
+    topic takes from the broker's defaults; what cannot be repaired is listed, exit 1."""
+    from cdc.kafka.topics import TopicAdmin
+    from cdc.topic_commands import ensure
+
+    admin = TopicAdmin(config.topic)
+    try:
+        done, left = ensure(config, admin)
+    finally:
+        admin.close()
+    for line in done:
+        click.echo(f"set {line}")
+    click.echo(f"topics ensure: {len(done)} settings changed")
+    if left:
+        _fail(f"{len(left)} problems a settings change cannot repair: " + " | ".join(p.line() for p in left))
+
+
+@topics.command("clean-truncated")
+@click.option("--tables", "-t", "tables", multiple=True, metavar="TABLE",
+              help="Only these captured tables (schema.table, SQL-quoted where needed); repeatable.")
+@_with_config
+def topics_clean_truncated(config: Config, tables: tuple[str, ...]) -> None:
+    """Tombstones for the rows truncates removed, so the log cleaner drops them. The daemon
+    streaming from the slot writes them (asked with a logical message), in order with the
+    changes, so no tombstone lands after a newer record of its key; with no daemon running,
+    this command writes them itself while holding the slot's lock."""
+    from cdc.topic_commands import clean_truncated
+
+    for line in clean_truncated(config, list(tables)):
+        click.echo(line)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--tables", "-t", "tables", multiple=True, metavar="TABLE",
+              help="Only these captured tables (schema.table, SQL-quoted where needed); repeatable.")
+@click.option("--stores", metavar="STORES", default=None,
+              help="Comma-separated stores to compare: delta, search, cache (default: every store whose sink has run).")
+@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
+              help="Seconds to wait for the topics and each store to be complete up to the snapshot.")
+@_with_config
+def verify(config: Config, as_json: bool, tables: tuple[str, ...], stores: str | None, timeout_s: float) -> None:
+    """Compare PostgreSQL, read in a snapshot whose LSN is known, with the topics read as tables
+    and with each store once its sink has applied everything up to that LSN: per table and
+    store the row counts, missing, extra and different rows, and the first differing keys.
+    Compares hashes computed where the data is, narrowing down where they differ. Exit 1 on
+    any mismatch, 0 when every side agrees."""
+    from cdc.verify.run import verify as run_verify
+
+    chosen = None if stores is None else [s.strip() for s in stores.split(",") if s.strip()]
+    report = run_verify(config, list(tables), chosen, timeout_s)
+    click.echo(json.dumps(report.as_json(), indent=2) if as_json else redact(report.render()))
+    if not report.ok:
+        sys.exit(1)
+
+
 @main.command("config")
 @click.option("--settings", "table", is_flag=True, help="Print the table of every setting (the README's) instead.")
 @_with_config
@@ -367,7 +464,7 @@ def sink(config: Config, store: str, once: bool, in_driver: bool, print_submit: 
     from cdc.source.replication import format_lsn
     from sinks.batch import TypeConflict
     from sinks.query import StopSignal
-    from sinks.runner import run_here, run_submitted, submit
+    from sinks.runner import run_here, submit
     from sinks.store import SinkStopped
     from sinks.stores import check
 
@@ -377,9 +474,7 @@ def sink(config: Config, store: str, once: bool, in_driver: bool, print_submit: 
         config_path = click.get_current_context().params.get("config_path")
         click.echo(shlex.join(submit(config, command, config_path, ".")))
         return
-    if config.spark.master.startswith("spark://") and not in_driver:
-        config_path = click.get_current_context().params.get("config_path")
-        sys.exit(run_submitted(config, store, command, config_path))
+    _on_the_cluster(config, store, command, in_driver)
     try:
         progress = run_here(config, store, once, StopSignal())
     except (SinkStopped, TypeConflict) as exc:
@@ -442,12 +537,9 @@ def rebuild(config: Config, in_driver: bool) -> None:
     from sinks.batch import TypeConflict
     from sinks.query import StopSignal
     from sinks.rebuild import rebuild_search_here
-    from sinks.runner import run_submitted
     from sinks.store import SinkStopped
 
-    if config.spark.master.startswith("spark://") and not in_driver:
-        config_path = click.get_current_context().params.get("config_path")
-        sys.exit(run_submitted(config, "search", ["search", "rebuild"], config_path))
+    _on_the_cluster(config, "search", ["search", "rebuild"], in_driver)
     try:
         moved = rebuild_search_here(config, StopSignal())
     except (SinkStopped, TypeConflict) as exc:
@@ -455,6 +547,33 @@ def rebuild(config: Config, in_driver: bool) -> None:
     for alias, old, new, documents in moved:
         click.echo(f"{alias}: {', '.join(old) or 'no index'} -> {new} ({documents} documents)")
     click.echo(f"search rebuild: {len(moved)} indexes swapped")
+
+
+@main.group()
+def cache() -> None:
+    """Maintain the Redis cache at [cache] url."""
+
+
+@cache.command("rebuild")
+@click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
+@_with_config
+def cache_rebuild(config: Config, in_driver: bool) -> None:
+    """Fill the cache again from the topics into another Redis database ([cache]
+    rebuild_db), then swap it in with SWAPDB and flush the old one: GET readers never see
+    the cache missing or half full. A running `cdc sink cache` may go on; on [spark]
+    master = spark://... it runs on the cluster."""
+    from sinks.batch import TypeConflict
+    from sinks.query import StopSignal
+    from sinks.rebuild import rebuild_cache_here
+    from sinks.store import SinkStopped
+
+    _on_the_cluster(config, "cache", ["cache", "rebuild"], in_driver)
+    try:
+        rebuilt, live, rows = rebuild_cache_here(config, StopSignal())
+    except (SinkStopped, TypeConflict) as exc:
+        _fail(str(exc))
+    click.echo(f"cache rebuild: database {rebuilt} swapped in as database {live}, {len(rows)} tables, "
+               f"{sum(rows.values())} rows")
 
 
 def _warehouse(config: Config, conf: dict[str, str] | None = None) -> Any:

@@ -254,6 +254,11 @@ class TopicConfig:
         1048588, "`max.message.bytes` of created topics; the largest record cdc will send", low=1
     )
     allow_non_compacted: bool = opt(False, "accept an existing topic whose `cleanup.policy` is not `compact`")
+    truncate_cleanup: bool = opt(
+        True,
+        "after a truncate, the daemon writes a tombstone for each key it removed, so the log cleaner "
+        "drops those rows (Debezium does not; see Compaction)",
+    )
     client: str = opt(
         "kafka-python",
         "`kafka-python` or `confluent` (confluent-kafka, `pip install -e '.[confluent]'`, several times faster)",
@@ -418,6 +423,10 @@ class CacheConfig:
     )
     row_ttl_s: int = opt(
         0, "rows expire after this long without a write (`0`: never); at least marker_ttl_s", low=0,
+    )
+    rebuild_db: int = opt(
+        -1, "the logical database `cdc cache rebuild` fills and then swaps in (SWAPDB): empty, or an unfinished "
+        "rebuild's (`-1`: the one after the URL's)", low=-1,
     )
 
 

@@ -29,6 +29,7 @@ from cdc.kafka.heartbeat import INTERVAL_S as HEARTBEAT_INTERVAL_S
 from cdc.kafka.heartbeat import heartbeat_record, heartbeat_topic
 from cdc.kafka.history import RETENTION_MS as HISTORY_RETENTION_MS
 from cdc.kafka.history import Sample, metrics_topic
+from cdc.kafka.policy import kind_of, problems
 from cdc.kafka.producer import Producer, ProducerError, RecordTooLarge, make_producer
 from cdc.kafka.topics import TopicAdmin, TopicError
 from cdc.metrics import Metrics
@@ -55,6 +56,7 @@ from cdc.source.slots import (
     try_claim_slot,
 )
 from cdc.source.spill import SpillStore
+from compaction.truncates import TruncateCleanups, requested_tables
 from snapshot.incremental import MESSAGE_PREFIX, IncrementalSnapshots
 from snapshot.initial import InitialSnapshot, SnapshotStopped, table_events
 from snapshot.plan import SnapshotRefused, captured_names
@@ -128,6 +130,7 @@ class Daemon:
         self._totals = [0, 0]  # events and bytes produced since the start, for the metrics history
         self._sampled_at = 0.0  # monotonic time of the last history sample
         self._exported: tuple[ReplicationConnection, str] | None = None
+        self.cleanups = TruncateCleanups(config.topic)  # tombstones for the rows truncates removed
 
     # -- start-up -------------------------------------------------------------------------
     def prepare(self, only_tables: list[str] | None = None, stop_when_done: bool = False) -> None:
@@ -183,6 +186,10 @@ class Daemon:
                 infos.update(self.admin.ensure(history, 1, log_only=True, retention_ms=HISTORY_RETENTION_MS))
             state = load_state(cfg)
         self._remember_topics(infos)
+        for name, info in sorted(infos.items()):
+            for problem in problems(name, kind_of(cfg.topic.prefix, name), info.configs, info.replication_factor, cfg.topic):
+                if problem.setting != "cleanup.policy" or "compact" in info.cleanup_policy.split(","):
+                    log.warning("%s", problem.line())  # (a topic not compacted was refused, or allowed, above)
         return state
 
     def _plan_snapshot(self, state: SnapshotState | None, only: list[str] | None, stop_when_done: bool) -> SlotState:
@@ -415,9 +422,13 @@ class Daemon:
         assert repl is not None
         status_interval = self.config.source.status_interval_s
         handle, send, advance = self._handle, self._send, self.acks.advance
-        incremental = self.incremental
+        incremental, cleanups = self.incremental, self.cleanups
         while not self.stopping and not self._snapshot_finished():
             advance()
+            if cleanups.tracking and self._txn is None and self._stream_xid is None:
+                tombstones = cleanups.poll(self.acks.confirmed)  # only between transactions, in stream order
+                if tombstones:
+                    send(tombstones)
             if incremental.busy and incremental.chunk is None:
                 incremental.next_chunk()
             messages = repl.read(0.2)
@@ -469,11 +480,14 @@ class Daemon:
             if self.incremental.chunk is not None:
                 self.incremental.saw(records, self._txn.xid)  # type: ignore[union-attr]
             self._send(records)
+            if kind is pgoutput.Truncate:
+                self.cleanups.truncated(records)
         elif isinstance(msg, pgoutput.Begin):
             self._txn = Txn(msg.final_lsn, msg.commit_ts_us, msg.xid)
         elif isinstance(msg, pgoutput.Commit):
             self.acks.commit(msg.end_lsn, msg.commit_ts_us)
             self.incremental.note_commit(self._txn.xid)  # type: ignore[union-attr]
+            self.cleanups.committed(msg.end_lsn)
             self._txn = None
         elif isinstance(msg, pgoutput.Relation):
             self.renderer.relation(msg)
@@ -493,6 +507,12 @@ class Daemon:
     def _message(self, msg: pgoutput.Message) -> None:
         """A snapshot signal or one of our watermarks. A signal's new state goes out with the
         signal's own transaction, so the slot is never confirmed past an unrecorded request."""
+        tables = requested_tables(msg.content, self.config.source.slot)
+        if tables is not None:  # `cdc topics clean-truncated`: clean up after this transaction commits
+            prefix, captured = self.config.topic.prefix, {t.display: t for t in self.tables}
+            known = [captured[name] for name in tables if name in captured]
+            self.cleanups.requested({topic_name(prefix, t.schema, t.table): t.display for t in known})
+            return
         records, changed = self.incremental.on_message(msg.content, msg.lsn, self._txn)
         if records:
             self._publish_version(self.incremental.closed_events, self._txn)
@@ -517,6 +537,8 @@ class Daemon:
                 if self.incremental.chunk is not None:
                     self.incremental.saw(records, txn.xid)
                 self._send(records)
+                if kind is pgoutput.Truncate:
+                    self.cleanups.truncated(records)
             elif isinstance(msg, pgoutput.Relation):
                 self.renderer.relation(msg)
                 self._publish_version(self.renderer.tables.get(msg.oid), txn)
@@ -529,6 +551,7 @@ class Daemon:
         )
         self.acks.commit(commit.end_lsn, commit.commit_ts_us)
         self.incremental.note_commit(commit.xid)
+        self.cleanups.committed(commit.end_lsn)
 
     def _publish_version(self, events: TableEvents | None, txn: Txn | None) -> None:
         """A table's new shape goes to the schema topic ahead of its first event (once per
@@ -545,6 +568,8 @@ class Daemon:
     def _send(self, records: list[Record]) -> None:
         """The records of one change (all of one table, except a multi-table truncate)."""
         self._bytes += self.acks.send(records)
+        if self.cleanups.tracking:
+            self.cleanups.saw(records)
         counts = self._table_counts
         for _, _, _, table in records:
             counts[table] = counts.get(table, 0) + 1
@@ -619,6 +644,7 @@ class Daemon:
         """Drop the producer and everything unconfirmed: the stream restarts at `acks.confirmed`."""
         self._close_replication()
         self.acks.rewind()
+        self.cleanups.rewind()
 
     def _close_replication(self) -> None:
         if self.repl is not None:
@@ -643,6 +669,7 @@ class Daemon:
             except (ProducerError, psycopg.Error) as exc:
                 log.warning("snapshot progress not recorded at shutdown (%s): the last chunks are read again", exc)
         self.incremental.close()
+        self.cleanups.close()
         if self.acks.producer is not None:
             self.acks.producer.close()
         log.info("stopped at confirmed LSN %s", format_lsn(self.acks.confirmed), extra={"lsn": format_lsn(self.acks.confirmed)})

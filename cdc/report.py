@@ -27,14 +27,14 @@ import orjson
 from cdc.config import Config
 from cdc.kafka.heartbeat import heartbeat_topic
 from cdc.kafka.history import Sample, metrics_topic
+from cdc.kafka.policy import DLQ_SUFFIX
+from cdc.kafka.reader import read_topic
 from cdc.kafka.topics import TopicAdmin
 from cdc.naming import is_table_topic
 from cdc.source.replication import format_lsn
 from cdc.units import duration, rate, size
-from compaction.progress import sinks_topic
-from compaction.reader import read_topic
+from sinks.progress import sinks_topic
 
-DLQ_SUFFIX = "__cdc_dlq"
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 MAX_POINTS = 1500  # per series: more than the plot's pixels, fewer than a week of samples
 

@@ -1,11 +1,13 @@
-"""`cdc status`: how far the slot and the topics are, answerable without the daemon."""
+"""`cdc status`: how far the slot, the topics and the sinks are, answerable without the daemon;
+and whether a sink is near the tombstone horizon (compaction.horizon)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from cdc.config import Config
-from cdc.kafka.topics import TopicAdmin
+from cdc.kafka.policy import duration, kind_of
+from cdc.kafka.topics import TopicAdmin, TopicInfo
 from cdc.source.preflight import connect_catalog
 from cdc.source.replication import format_lsn, parse_lsn
 
@@ -48,12 +50,13 @@ def collect(config: Config) -> dict[str, Any]:
     try:
         topics = admin.topics_with_prefix(config.topic.prefix)
         offsets = admin.end_offsets(topics)
+        tables = admin.describe([t for t in topics if kind_of(config.topic.prefix, t) == "table"])
     finally:
         admin.close()
     return {
         "slot": slot,
         "snapshot": _snapshot(config),
-        "sinks": _sinks(config, slot),
+        "sinks": _sinks(config, slot, tables),
         "topics": {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in offsets.items()},
     }
 
@@ -77,12 +80,18 @@ def _snapshot(config: Config) -> dict[str, Any] | None:
     }
 
 
-def _sinks(config: Config, slot: dict[str, Any] | None) -> dict[str, Any]:
-    """Each sink job's progress in LSN terms, with its lag behind the server and the slot."""
-    from compaction.progress import read_progress
+def _sinks(config: Config, slot: dict[str, Any] | None, tables: dict[str, TopicInfo]) -> dict[str, Any]:
+    """Each sink job's progress in LSN terms, with its lag behind the server and the slot, and
+    in time against the table topics' delete.retention.ms (the tombstone horizon)."""
+    from compaction.horizon import horizons, sink_lags
+    from sinks.progress import read_progress
 
+    progress = read_progress(config.topic)
+    lags = sink_lags(config.topic, progress, {name: info.partitions for name, info in tables.items()})
+    retentions = {name: int(info.configs.get("delete.retention.ms", 86400000)) for name, info in tables.items()}
+    against = horizons(lags, retentions)
     out = {}
-    for job, record in sorted(read_progress(config.topic).items()):
+    for job, record in sorted(progress.items()):
         complete = int(record["complete_lsn"])
         entry: dict[str, Any] = {
             "complete_lsn": format_lsn(complete),
@@ -94,8 +103,22 @@ def _sinks(config: Config, slot: dict[str, Any] | None) -> dict[str, Any]:
         if slot is not None:
             entry["lag_bytes"] = max(0, parse_lsn(slot["server_lsn"]) - complete)
             entry["behind_slot_bytes"] = max(0, parse_lsn(slot["confirmed_flush_lsn"] or "0/0") - complete)
+        horizon = against.get(job)
+        if horizon is not None:
+            entry["horizon"] = {
+                "state": horizon.state, "behind_ms": horizon.lag.lag_ms,
+                "behind_since_ms": horizon.lag.since_ms, "delete_retention_ms": horizon.retention_ms,
+                "topic": horizon.topic, "message": horizon.message(),
+            }
         out[job] = entry
     return out
+
+
+def check_code(status: dict[str, Any]) -> int:
+    """`cdc status --check`: 0 when every sink is within half of the tombstone horizon, 1 when
+    one is past half (a warning), 2 when one is past it (deletes may be lost)."""
+    states = {sink.get("horizon", {}).get("state", "ok") for sink in status["sinks"].values()}
+    return 2 if "past" in states else 1 if "warning" in states else 0
 
 
 def render(status: dict[str, Any]) -> str:
@@ -126,9 +149,14 @@ def render(status: dict[str, Any]) -> str:
             )
     for job, sink in status["sinks"].items():
         lag = f", {sink['lag_bytes']:,} bytes behind the server" if "lag_bytes" in sink else ""
+        horizon = sink.get("horizon")
+        if horizon is not None and horizon["behind_ms"]:
+            lag += f" ({duration(horizon['behind_ms'])})"
         lines.append(f"sink {job}: complete up to {sink['complete_lsn']}{lag}; {sink['dead_letters']} dead letters")
         for table, lsn in sink["tables"].items():
             lines.append(f"  {table}  applied up to {lsn}")
+        if horizon is not None and horizon["message"]:
+            lines.append(f"  {'problem' if horizon['state'] == 'past' else 'warning'}: {horizon['message']}")
     lines.append("topics:" if status["topics"] else "topics: none yet")
     for topic, parts in status["topics"].items():
         total = sum(parts.values())

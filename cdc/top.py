@@ -36,7 +36,7 @@ from cdc.source.replication import format_lsn, parse_lsn
 from cdc.status import slot_status
 from cdc.units import duration, size
 from cdc.units import rate as per_second
-from compaction.progress import sinks_topic
+from sinks.progress import sinks_topic
 from sinks.stores import STORES  # the jobs whose store rows are counted (not a search rebuild)
 
 if TYPE_CHECKING:

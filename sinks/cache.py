@@ -23,9 +23,10 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 import pyarrow as pa
@@ -33,11 +34,11 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from cdc.config import CacheConfig, Config
+from cdc.naming import is_table_topic
 from cdc.redact import display_url
 from sinks.json_columns import compact_json
 from sinks.rows import CHUNK_KEYS, Rejected, RowStore, RowWriter
 from sinks.store import StoreUnavailable
-from sinks.topics import is_table_topic
 from sinks.versions import Registry
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,22 @@ class Settings:
     @property
     def where(self) -> str:
         return f"Redis at {display_url(self.url)}"
+
+    @property
+    def db(self) -> int:
+        """The URL's logical database (`/n`, or `?db=n`; 0 when it names none)."""
+        parts = urlsplit(self.url)
+        query = dict(parse_qsl(parts.query))
+        path = parts.path.strip("/") if parts.scheme != "unix" else ""
+        return int(query.get("db") or path or 0)
+
+    def in_db(self, db: int) -> Settings:
+        """The same server, logical database `db`."""
+        parts = urlsplit(self.url)
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"]
+        if parts.scheme == "unix":
+            return replace(self, url=f"unix://{parts.path}?{urlencode([*query, ('db', str(db))])}")
+        return replace(self, url=urlunsplit(parts._replace(path=f"/{db}", query=urlencode(query))))
 
     def client(self, retries: int = 6) -> Any:
         """A client that retries a lost connection with backoff (then the batch fails and
@@ -323,9 +340,9 @@ class CacheStore(RowStore):
     transient = ("redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError",
                  "redis.exceptions.BusyLoadingError")
 
-    def __init__(self, config: CacheConfig, prefix: str, name: str = "cache") -> None:
+    def __init__(self, config: CacheConfig, prefix: str, name: str = "cache", db: int | None = None) -> None:
         self.name = name
-        self.settings = Settings.of(config)
+        self.settings = Settings.of(config) if db is None else Settings.of(config).in_db(db)
         self.where = self.settings.where
         self.prefix = prefix
         self.record_key = f"{META}{prefix}:sink:{name}"

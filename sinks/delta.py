@@ -133,7 +133,7 @@ class DeltaStore(TableStore):
 
     #: Delta's optimistic concurrency lost a race (another writer committed first), and a block
     #: of the batch's stored source went missing (a known Spark pitfall): both pass on a retry
-    transient = ("io.delta.exceptions.Concurrent", "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND")
+    transient = ("io.delta.exceptions.Concurrent", "DELTA_CONCURRENT_", "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND")
 
     def __init__(self, spark: SparkSession, root: str, name: str = "delta") -> None:
         self.name = name

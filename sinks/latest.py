@@ -63,6 +63,11 @@ def position(lsn: int | None, seq: int | None) -> str:
     return "" if lsn is None or seq is None else f"{lsn:016x}{seq:016x}"
 
 
+def parse_position(text: str) -> tuple[int, int] | None:
+    """`position`'s text back as (commit LSN, change LSN); None when unknown."""
+    return (int(text[:16], 16), int(text[16:], 16)) if len(text) == 32 else None
+
+
 def canonical_key(raw: str) -> str:
     """The key's canonical JSON: the record key, or its payload when it carries a schema."""
     key = orjson.loads(raw)

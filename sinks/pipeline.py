@@ -20,12 +20,14 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafka.errors import KafkaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.config import Config
+from cdc.kafka.heartbeat import newest_heartbeat
 from cdc.kafka.topics import TopicAdmin, TopicError
-from cdc.naming import table_of_topic
+from cdc.naming import is_table_topic, table_of_topic
 from sinks import topics
 from sinks.batch import TableBatch, decode_table, table_batch
 from sinks.checkpoint import last_committed, query_id
@@ -416,32 +418,36 @@ class SinkJob:
 
     def settle(self, read: dict[str, dict[int, int]] | None) -> None:
         """When no next batch comes to complete the last heartbeat (see `_record`): at the end
-        of a drained run (`--once`), or while the topics are quiet. If no table topic grew past
-        `read` (per topic and partition, the offset after the last record the applied batches
-        read; None: not known), every record below that heartbeat was read: the store is
-        complete up to it. Once per batch: topics that grew bring a batch."""
+        of a drained run (`--once`), or while the topics are quiet. The newest heartbeat in its
+        topic is read first, then the table topics' end offsets: every record below that
+        heartbeat is within them. If no table topic grew past `read` (per topic and partition,
+        the offset after the last record the applied batches read; None: not known), the store
+        is complete up to it, even when the batches read only an older heartbeat (a `--once`
+        run that starts right after the writes). Once per batch: topics that grew bring a batch."""
         progress = self.progress
         with self._lock:
-            batch, beat = self.last_batch, progress.heartbeat_lsn
+            batch = self.last_batch
             if read is None or batch is None or batch == self._settled:
                 return
             self._settled = batch
+        try:
+            beat = max(progress.heartbeat_lsn, newest_heartbeat(self.config.topic))
             if beat <= progress.complete_lsn:
                 return
-        try:
             admin = TopicAdmin(self.config.topic)
             try:
-                tables = [t for t in admin.topics_with_prefix(self.prefix) if topics.is_table_topic(self.prefix, t)]
+                tables = [t for t in admin.topics_with_prefix(self.prefix) if is_table_topic(self.prefix, t)]
                 now = admin.end_offsets(tables)
             finally:
                 admin.close()
-        except TopicError as exc:  # the store is written; only this shortcut to its progress is lost
+        except (TopicError, KafkaError, OSError) as exc:  # the store is written; only this shortcut to its progress is lost
             log.warning("progress stays complete up to the heartbeat before the last one: %s", exc)
             return
         if drained(read, now):
             with self._lock:
                 if beat > progress.complete_lsn:  # else a later batch completed it already
                     progress.complete_lsn = beat
+                    progress.heartbeat_lsn = max(progress.heartbeat_lsn, beat)
                     self.progress_log.send(progress.as_record(self.store.name, batch))
                     if self.metrics is not None:
                         self.metrics.settled(beat)

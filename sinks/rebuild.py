@@ -2,6 +2,8 @@
 
 - `cdc search rebuild`: every table's index again from the topics, in the next generation
   behind hidden aliases, then the readers' aliases swapped in one step;
+- `cdc cache rebuild`: the cache again from the topics in another Redis database, then
+  SWAPDB (sinks.cache_rebuild);
 - `cdc delta rebuild-history`: history/ again from changes/, the complete change log. A
   compacted topic has lost superseded versions, so history/ is only as complete as the
   topic was when the job first read it; changes/ keeps every event the job ever read, and
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Protocol, TypeVar
 
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from cdc.config import Config
@@ -23,8 +27,10 @@ from sinks.query import StopSignal, ensure_topics
 from sinks.runner import check, checkpoint, keep_running
 from sinks.search import SearchStore
 from sinks.spark import build_session, log_conf
-from sinks.store import SinkStopped
+from sinks.store import SinkStopped, Store
 from sinks.topics import ProgressLog, SchemaFeed
+
+S = TypeVar("S", covariant=True)
 
 REBUILD_PASSES = 6  # a search rebuild's passes before its swap, at most
 CAUGHT_UP_S = 10.0  # a pass this short: the new indexes are close enough behind to swap
@@ -45,11 +51,7 @@ def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, lis
     stop.install()
     store = SearchStore(config.search, config.topic.prefix, rebuild=True)
     try:
-        for _ in range(REBUILD_PASSES):  # again until a pass finds little: what came while the last one ran
-            started = time.monotonic()
-            keep_running(spark, config, store, True, stop)
-            if stop() or time.monotonic() - started < CAUGHT_UP_S:
-                break
+        _passes(spark, config, store, stop)
         if stop():
             raise SinkStopped("the rebuild stopped before its swap; the current indexes are untouched: run "
                               "`cdc search rebuild` again to go on from where it stopped")
@@ -63,6 +65,72 @@ def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, lis
         return [(alias, old, new, counts[alias]) for alias, old, new in moved]
     finally:
         spark.stop()
+
+
+def rebuild_cache_here(config: Config, stop: StopSignal) -> tuple[int, int, dict[str, int]]:
+    """`cdc cache rebuild`: the cache again from the topics into another Redis database
+    (sinks.cache_rebuild), then SWAPDB; (the rebuilt database's number before the swap,
+    the live one's, rows per table).
+
+    The shape of `cdc search rebuild`: passes until one is short, the switch, one more
+    position-guarded pass into the live database for what the live job wrote after the
+    rebuild's last pass, then the old generation flushed."""
+    from sinks.cache_rebuild import Generations
+
+    check(config, "cache")
+    generations = Generations(config.cache, config.topic.prefix)
+    generations.check()
+    ensure_topics(config)
+    spark = build_session("cdc-cache-rebuild", master=config.spark.master, conf=log_conf(config.spark.log_format))
+    stop.install()
+    try:
+        _fill_and_switch(spark, config, generations, stop, "the cache", "cdc cache rebuild")
+        return generations.target, generations.live, generations.rows()
+    finally:
+        spark.stop()
+
+
+class _Generations(Protocol[S]):
+    """A store's generation beside the live one (sinks.cache_rebuild)."""
+
+    def swapped(self) -> bool: ...
+    def store(self, swapped: bool) -> Store: ...
+    def prepare(self, resumed: bool) -> None: ...
+    def swap(self) -> S: ...
+    def finish(self) -> None: ...
+
+
+def _fill_and_switch(spark: SparkSession, config: Config, generations: _Generations[S], stop: StopSignal,
+                     untouched: str, command: str) -> S | None:
+    """The rebuilds' one shape after the store's own checks: passes into the new generation,
+    the switch, one more position-guarded pass into the live store, the clean-up; what the
+    switch returned (None: an earlier run had switched and stopped before its clean-up)."""
+    switched = None
+    if not generations.swapped():  # else an earlier run stopped after its switch
+        store = generations.store(swapped=False)
+        generations.prepare(resumed=checkpoints.last_committed(spark, checkpoint(config, store.name)) is not None)
+        _passes(spark, config, store, stop)
+        if stop():
+            raise SinkStopped(f"the rebuild stopped before its switch; {untouched} is untouched: run `{command}` "
+                              "again to go on from where it stopped")
+        switched = generations.swap()
+    store = generations.store(swapped=True)
+    keep_running(spark, config, store, True, lambda: False)  # after the switch it finishes
+    generations.finish()
+    checkpoints.drop(spark, checkpoint(config, store.name))
+    ProgressLog(config.topic, store.name).forget()
+    return switched
+
+
+def _passes(spark: SparkSession, config: Config, store: Store, stop: StopSignal) -> None:
+    """Passes to the topics' end, again until one is short (under CAUGHT_UP_S, or, after the
+    first, one micro-batch: a store whose every batch takes longer, as a warehouse's MERGE
+    on a small machine, still stops): what came while the last one ran."""
+    for done in range(REBUILD_PASSES):
+        started = time.monotonic()
+        progress = keep_running(spark, config, store, True, stop)
+        if stop() or time.monotonic() - started < CAUGHT_UP_S or (done and progress.batches <= 1):
+            return
 
 
 def rebuild_history(store: DeltaStore, config: Config) -> Iterator[tuple[str, int]]:

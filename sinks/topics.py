@@ -4,7 +4,7 @@
 - the subscription: every table topic of the prefix and the daemon's heartbeat;
 - `<prefix>.__cdc_schemas`, followed by the driver (table versions, cdc.events.shapes);
 - `<prefix>.__cdc_dlq`: dead letters, written from the executors by Spark's Kafka writer;
-- `<prefix>.__cdc_sinks`: each job's progress in LSN terms (read by `cdc status`).
+- `<prefix>.__cdc_sinks`: each job's progress in LSN terms (sinks.progress, read by `cdc status`).
 """
 
 from __future__ import annotations
@@ -12,22 +12,19 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any
 
-import orjson
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.config import TopicConfig
-from cdc.kafka.security import security_settings
-from cdc.naming import is_table_topic as is_table_topic  # where the sinks look for it
-from compaction.progress import SINKS_SUFFIX as PROGRESS
-from compaction.progress import read_progress
+from cdc.kafka.clients import consumer
+from cdc.kafka.policy import DLQ_SUFFIX as DLQ
+from sinks.progress import SINKS_SUFFIX as PROGRESS  # noqa: F401 (the job and the runner take them from here)
+from sinks.progress import ProgressLog as ProgressLog
 from sinks.versions import Registry, Version
 
 SCHEMAS = "__cdc_schemas"
 HEARTBEAT = "__cdc_heartbeat"
-DLQ = "__cdc_dlq"
 
 _JAAS = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -90,18 +87,6 @@ def read_stream(spark: SparkSession, config: TopicConfig, max_offsets_per_trigge
     )
 
 
-def _consumer(config: TopicConfig) -> Any:
-    from kafka import KafkaConsumer
-
-    return KafkaConsumer(
-        bootstrap_servers=config.bootstrap_servers.split(","),
-        client_id="cdc-sink",
-        group_id=None,
-        enable_auto_commit=False,
-        **security_settings(config),
-    )
-
-
 class SchemaFeed:
     """The driver's view of `<prefix>.__cdc_schemas`: `refresh` reads what is new."""
 
@@ -109,7 +94,7 @@ class SchemaFeed:
         from kafka.structs import TopicPartition
 
         self.registry = Registry()
-        self._consumer = _consumer(config)
+        self._consumer = consumer(config, "cdc-sink")
         self._tp = TopicPartition(internal(config.prefix, SCHEMAS), 0)
         self._consumer.assign([self._tp])
         self._consumer.seek_to_beginning(self._tp)
@@ -149,38 +134,3 @@ def write_dead_letters(rows: DataFrame, config: TopicConfig) -> None:
         .save()
     )
 
-
-class ProgressLog:
-    """One compacted record per sink job in `<prefix>.__cdc_sinks`, sent after each batch."""
-
-    def __init__(self, config: TopicConfig, job: str) -> None:
-        self.config = config
-        self.job = job
-        self.topic = internal(config.prefix, PROGRESS)
-        self._producer: Any = None
-
-    def last(self) -> dict[str, Any] | None:
-        """This job's latest record (None before its first batch)."""
-        return read_progress(self.config).get(self.job)
-
-    def send(self, progress: dict[str, Any]) -> None:
-        self._send(orjson.dumps(progress))
-
-    def forget(self) -> None:
-        """A tombstone for the job: `cdc status` no longer lists it (a finished rebuild)."""
-        self._send(None)
-        self.close()
-
-    def _send(self, value: bytes | None) -> None:
-        from kafka import KafkaProducer
-
-        if self._producer is None:
-            self._producer = KafkaProducer(
-                bootstrap_servers=self.config.bootstrap_servers.split(","), acks="all", **security_settings(self.config)
-            )
-        self._producer.send(self.topic, key=self.job.encode(), value=value)
-        self._producer.flush(30)
-
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.close(5)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from cdc.naming import parse_table_pattern
 from cdc.source.catalog import CapturedTable
+from cdc.source.preflight import PreflightError
 from snapshot.state import SnapshotState, state_topic
 
 
@@ -90,3 +91,12 @@ def captured_names(tables: list[CapturedTable], patterns: list[str] | None) -> l
             )
         chosen.extend(h for h in hits if h not in chosen)
     return chosen
+
+
+def chosen_names(tables: list[CapturedTable], patterns: list[str] | None) -> list[str]:
+    """What a command's `--tables` names (every captured table without it), or the
+    PreflightError naming the fix: the one-line error of `cdc snapshot`, `cdc verify`, `cdc topics`."""
+    try:
+        return captured_names(tables, patterns) or [t.display for t in tables]
+    except ValueError as exc:
+        raise PreflightError(str(exc)) from None

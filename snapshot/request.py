@@ -14,7 +14,7 @@ from cdc.kafka.producer import make_producer
 from cdc.source.preflight import PreflightError, check_server, connect_catalog, resolve_tables
 from cdc.source.slots import check_slot, slot_holder, slot_state, try_claim_slot
 from snapshot.incremental import MESSAGE_PREFIX, signal_message
-from snapshot.plan import captured_names
+from snapshot.plan import chosen_names
 from snapshot.state import Incremental, SnapshotState, deliver, load_state, send_state, state_topic
 
 
@@ -36,10 +36,7 @@ def request_incremental(config: Config, patterns: list[str], required: bool) -> 
         if found.wal_status == "lost":
             check_slot(catalog, config)  # fails with the recovery steps
         tables = resolve_tables(catalog, config)
-        try:
-            names = captured_names(tables, patterns) or [t.display for t in tables]
-        except ValueError as exc:
-            raise PreflightError(str(exc)) from None
+        names = chosen_names(tables, patterns)
         # Holding the slot's lock means no daemon runs (and none starts meanwhile): then the
         # request goes straight into the durable state, where a second request can see it.
         daemon_stopped = try_claim_slot(catalog, slot)

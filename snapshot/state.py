@@ -61,7 +61,7 @@ class SnapshotState:
 
 def load_state(config: Config) -> SnapshotState | None:
     """The slot's latest state record, or None when there is none (or no state topic yet)."""
-    from compaction.reader import read_topic
+    from cdc.kafka.reader import read_topic
 
     key = config.source.slot.encode()
     found: SnapshotState | None = None

@@ -18,11 +18,11 @@ import orjson
 import psycopg
 
 from cdc.config import TopicConfig, load
-from cdc.kafka.heartbeat import heartbeat_topic
+from cdc.kafka.heartbeat import newest_heartbeat
+from cdc.kafka.reader import read_topic
 from cdc.naming import topic_name
-from compaction.progress import read_progress
-from compaction.reader import read_topic
 from compaction.table import TopicTable, build, payload_of
+from sinks.progress import read_progress
 
 # The Debezium envelope's fields, and its source block's, in the order cdc writes them
 ENVELOPE_KEYS = ["before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns"]
@@ -146,12 +146,6 @@ def start_streaming(
         raise AssertionError(f"the daemon did not start streaming:\n{daemon.output()[-3000:]}") from None
     assert daemon.alive(), daemon.output()[-3000:]
     return daemon
-
-
-def last_heartbeat(config: TopicConfig) -> int:
-    """The LSN of the daemon's latest heartbeat (0 before the first)."""
-    beats = read_topic(config, heartbeat_topic(config.prefix))
-    return max((int(orjson.loads(r.value)["lsn"]) for r in beats if r.value is not None), default=0)
 
 
 def current_lsn(dsn: str) -> int:
@@ -398,7 +392,7 @@ def acct_under_load(
     # one the job read, so the job does it itself
     wait_caught_up(db.dsn, slot, daemon)
     topics = load(sink.config).topic
-    wait_for(lambda: sink.complete_lsn() == last_heartbeat(topics) > 0, 120,
+    wait_for(lambda: sink.complete_lsn() == newest_heartbeat(topics) > 0, 120,
              "the streaming job to be complete up to the last heartbeat")
     assert sink.stop() == 0
     sink.once(env={"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"})

@@ -22,12 +22,12 @@ import pytest
 from psycopg import sql
 
 from cdc.config import TopicConfig
+from cdc.kafka.reader import read_topic
 from cdc.local.kafka import LocalKafka
 from cdc.local.postgres import LocalPostgres
 from cdc.local.process import free_port
 from cdc.naming import topic_name
 from cdc.source.replication import ReplicationConnection
-from compaction.reader import read_topic
 from compaction.table import payload_of
 from tests.support import (
     cdc,

@@ -8,8 +8,8 @@ import struct
 import orjson
 
 from cdc.config import TopicConfig
+from cdc.kafka.reader import read_topic
 from cdc.naming import topic_name
-from compaction.reader import read_topic
 from tests.support import (
     DaemonProcess,
     cdc,

@@ -191,6 +191,8 @@ def test_each_cdc_service_loads_the_mounted_config_and_reaches_the_stack(shape: 
             assert f":{config.daemon.metrics_port}/metrics" in service["healthcheck"]["test"][-1]
         else:
             assert config.spark.checkpoint_dir in volumes
+            # each driver serves its metrics in its own container, for a scraper in the stack's network
+            assert (config.spark.metrics_host, config.spark.metrics_port) == ("0.0.0.0", 9188)
             assert service["command"][1:3] == ["sink", name.removeprefix("sink-")]
             assert name.removeprefix("sink-") in service["healthcheck"]["test"][-1]
     # the executors write the Delta files the driver commits: the worker mounts the same warehouse

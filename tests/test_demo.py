@@ -60,11 +60,15 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     # sink, records/s, records, complete up to, behind slot (2), lag (2), dead letters, batch, updated (3), state
     assert sorted(sinks) == sorted(STORES) and all(
         cells[8] == "0" and cells[-2:] == ["caught", "up"] for cells in sinks.values()), view
-    # and the comparison of every store against the source ends it
-    comparison = out.split("== every store against the source", 1)[1].split("==", 1)[0]
-    assert "every store equals the source in rows per table" in comparison
-    assert [line.split() for line in comparison.splitlines() if line.strip().startswith("public.")] == [
-        ["public.customers", "2", "2", "2", "2"], ["public.orders", "2", "2", "2", "2"]]
+    # and cdc verify, every store against the source row by row, ends it
+    comparison = out.split("== every store against the source: cdc verify", 1)[1].split("==", 1)[0]
+    lines = [line.strip() for line in comparison.splitlines() if line.strip()]
+    assert lines[0].startswith("verify: PostgreSQL at LSN ") and lines[-1].startswith(
+        "verify: every side agrees with PostgreSQL"), comparison
+    for table in ("public.customers", "public.orders"):
+        at = lines.index(f"{table}: postgres 2 rows")
+        assert sorted(line.split() for line in lines[at + 1:at + 2 + len(STORES)]) == sorted(
+            [side, "2", "rows", "ok"] for side in ("topic", *STORES)), comparison
     # each --once run read every record and a heartbeat after them: complete, not "up to 0/0"
     completes = dict(re.findall(r"sink (\w+): \d+ batches, .* complete up to LSN (\S+),", out))
     assert sorted(completes) == sorted(STORES) and "0/0" not in completes.values(), completes

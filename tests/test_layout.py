@@ -1,6 +1,7 @@
 """The tree reads as the data flow, and these rules keep it so: each layer imports only what
-is upstream of it (source -> events -> kafka -> daemon and CLI; snapshot beside the daemon;
-compaction and sinks downstream of the topics), and only the CLI talks to the terminal."""
+is upstream of it (source -> events -> kafka -> compaction -> sinks; snapshot beside the
+daemon, upstream of the topics), the command line, the daemon, `cdc status` and `cdc verify`
+on top of them all, and only the CLI talks to the terminal."""
 
 from __future__ import annotations
 
@@ -48,7 +49,11 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-TOP = ("cdc.daemon", "cdc.cli", "cdc.status", "cdc.top", "cdc.local", "snapshot", "compaction", "sinks")
+#: the commands on top of every layer: they may import any of them, and no layer imports them
+COMMANDS = ("cdc.daemon", "cdc.cli", "cdc.status", "cdc.top", "cdc.report", "cdc.verify", "cdc.topic_commands", "cdc.__main__")
+#: and the throwaway local services (whose jar cache the Spark session takes its jars from)
+APP = (*COMMANDS, "cdc.local")
+TOP = (*APP, "snapshot", "compaction", "sinks")
 RULES: dict[str, tuple[str, ...]] = {
     # the source side knows PostgreSQL only: no events, no Kafka, nothing built on it
     "cdc.source": ("cdc.events", "cdc.kafka", "kafka", "confluent_kafka", *TOP),
@@ -57,11 +62,13 @@ RULES: dict[str, tuple[str, ...]] = {
     # the Kafka side sends records: it never reads PostgreSQL
     "cdc.kafka": ("cdc.source", "psycopg", *TOP),
     # snapshots render rows with the events' renderer, never by building decoder messages
-    "snapshot": ("cdc.source.pgoutput", "cdc.daemon", "cdc.cli", "sinks"),
-    # the topic read as a table is downstream of the topics only
-    "compaction": ("cdc.source", "psycopg", "cdc.daemon", "cdc.cli", "snapshot", "sinks"),
+    # (and, upstream of the topics, know nothing of compaction or the sinks)
+    "snapshot": ("cdc.source.pgoutput", *APP, "compaction", "sinks"),
+    # the topic read as a table is downstream of the topics and upstream of the sinks: no
+    # PostgreSQL, no Spark (the command line reads topics with it)
+    "compaction": ("cdc.source", "psycopg", *APP, "snapshot", "sinks", "pyspark", "delta"),
     # Spark executors import sinks: no PostgreSQL client, no C extension, no capture code
-    "sinks": ("psycopg", "cdc._speedups", "cdc.source", "cdc.daemon", "cdc.cli", "snapshot"),
+    "sinks": ("psycopg", "cdc._speedups", "cdc.source", *COMMANDS, "snapshot"),
 }
 
 
@@ -74,6 +81,33 @@ def test_each_layer_imports_only_upstream(layer: str) -> None:
     }
     assert {m: names for m, names in wrong.items() if names} == {}
     assert wrong, f"no module under {layer}"  # the rule guards something
+
+
+def test_the_rest_of_cdc_is_upstream_of_compaction_and_the_sinks() -> None:
+    """Configuration, names, redaction and the other shared modules of `cdc` serve every layer,
+    so they import none of the layers downstream of the topics (only the commands do)."""
+    shared = [m for m in MODULES if _under(m, ("cdc",)) and not _under(m, APP)]
+    wrong = {m: sorted(n for n in imports_of(m) if _under(n, ("snapshot", "compaction", "sinks"))) for m in shared}
+    assert {m: names for m, names in wrong.items() if names} == {}
+    assert "cdc.config" in shared
+
+
+def test_kafka_clients_are_made_in_one_place() -> None:
+    """Every Kafka client gets its servers and security from `[topic]` in cdc.kafka (clients,
+    the daemon's producer, the admin client): a client made elsewhere would miss a setting."""
+    makers = {"KafkaConsumer", "KafkaProducer", "KafkaAdminClient", "Consumer", "Producer", "AdminClient"}
+    allowed = ("cdc.kafka", "cdc.local")  # cdc.local: the throwaway broker's own readiness probe
+    found = {}
+    for module, tree in MODULES.items():
+        if _under(module, allowed):
+            continue
+        calls = [
+            node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in makers
+        ]
+        if calls:
+            found[module] = calls
+    assert found == {}
 
 
 # Where the terminal is spoken to on purpose: the CLI and its demo; logging and the excepthooks

@@ -32,7 +32,7 @@ from cdc.local.process import free_port
 from cdc.local.redis import LocalRedis
 from cdc.naming import topic_name
 from cdc.top import scrape
-from compaction.progress import read_progress
+from sinks.progress import read_progress
 from tests.support import (
     DaemonProcess,
     current_lsn,

@@ -7,8 +7,8 @@ import pytest
 from cdc.config import TopicConfig
 from cdc.kafka.partitioner import partition_for
 from cdc.kafka.producer import make_producer
+from cdc.kafka.reader import read_topic
 from cdc.kafka.topics import TopicAdmin
-from compaction.reader import read_topic
 
 
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])

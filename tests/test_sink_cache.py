@@ -14,10 +14,10 @@ import orjson
 import redis
 
 from cdc.config import CacheConfig, TopicConfig
+from cdc.kafka.reader import read_topic
 from cdc.local.process import free_port
 from cdc.local.redis import LocalRedis
 from cdc.redact import display_url
-from compaction.reader import read_topic
 from compaction.table import build
 from sinks.cache import CacheWriter, Settings, guarded, round_trip
 from sinks.latest import COLUMNS, as_rows, canonical_key, fold, position

@@ -20,13 +20,13 @@ import orjson
 from pyspark.sql import SparkSession
 
 from cdc.config import TopicConfig
-from compaction.reader import read_topic
+from cdc.kafka.heartbeat import newest_heartbeat
+from cdc.kafka.reader import read_topic
 from tests.support import (
     SINK_TIMEOUT_S,
     Sink,
     cdc,
     current_lsn,
-    last_heartbeat,
     wait_caught_up,
     wait_for,
     write_config,
@@ -179,7 +179,7 @@ def test_current_changes_and_history_follow_the_source(
     wait_caught_up(db.dsn, slot, daemon)
     written = current_lsn(db.dsn)
     beats = TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix)
-    wait_for(lambda: last_heartbeat(beats) >= written, 60, f"a heartbeat at LSN {written}")
+    wait_for(lambda: newest_heartbeat(beats) >= written, 60, f"a heartbeat at LSN {written}")
     sink.once()
 
     current = _table(spark, warehouse, "current")

@@ -175,7 +175,7 @@ def test_a_store_restored_from_an_old_backup_is_rebuilt_not_replayed_into(
         db.execute("UPDATE public.acct SET v = v || '.'")  # every partition's segment rolls on a write
         wait_caught_up(db.dsn, slot, daemon)
         from cdc.config import TopicConfig
-        from compaction.reader import read_topic
+        from cdc.kafka.reader import read_topic
 
         return not gone & {r.key for r in read_topic(TopicConfig(bootstrap_servers=servers), topic)}
 
@@ -204,7 +204,7 @@ def test_a_topic_created_again_under_the_job_stops_it_in_one_line(
     from kafka.admin import KafkaAdminClient, NewTopic
 
     from cdc.config import TopicConfig
-    from compaction.reader import read_topic
+    from cdc.kafka.reader import read_topic
     from tests.support import wait_for
 
     db.execute("CREATE TABLE public.acct (id int PRIMARY KEY, v text)")

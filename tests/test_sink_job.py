@@ -20,9 +20,9 @@ import redis
 from pyspark.sql import SparkSession
 
 from cdc.config import TopicConfig, load
+from cdc.kafka.reader import read_topic
 from cdc.kafka.topics import TopicAdmin
 from cdc.local.redis import LocalRedis
-from compaction.reader import read_topic
 from sinks import runner
 from sinks.cache import CacheStore
 from sinks.query import ensure_topics
@@ -323,3 +323,42 @@ def test_a_store_that_cannot_be_cleared_yet_is_cleared_on_a_later_attempt(
     runner.keep_running(spark, config, SlowToComeBack(config.cache, topic_prefix), True, lambda: False)
     assert next(refusals, None) is None  # both refusals were met
     assert {row["id"] for row in _cached(redis_server.url, topic_prefix).values()} == {1, 2, 3}
+
+
+def test_a_drained_run_is_complete_up_to_the_newest_heartbeat_even_one_its_batches_did_not_read(
+    tmp_path: Path, db: Any, run_daemon: Any, broker_servers: str, topic_prefix: str, redis_server: LocalRedis,
+    spark: SparkSession,
+) -> None:
+    """A `--once` run that starts right after the writes reads the heartbeat from before them;
+    when it ends, every record below the newest heartbeat is within the topics' end offsets,
+    and it read to them: the store is complete up to that one (else `cdc verify` waits for a
+    sink that already stopped). A topic that grew since keeps it where it was."""
+    from kafka import KafkaProducer
+
+    from cdc.kafka.heartbeat import heartbeat_record, newest_heartbeat
+    from sinks.pipeline import SinkJob
+
+    config = _captured(tmp_path, db, run_daemon, broker_servers, topic_prefix, redis_server.url)
+    before = runner.keep_running(spark, config, CacheStore(config.cache, topic_prefix), True, lambda: False)
+    newer = max(before.complete_lsn, newest_heartbeat(config.topic)) + 1000
+    beat = heartbeat_record(topic_prefix, config.source.slot, newer)
+    sender = KafkaProducer(bootstrap_servers=broker_servers)
+    sender.send(beat.topic, key=beat.key, value=beat.value).get(30)
+    sender.close()
+
+    admin = TopicAdmin(config.topic)
+    ends = admin.end_offsets([t for t in admin.topics_with_prefix(topic_prefix) if t.endswith(".public.acct")])
+    admin.close()
+    for read, expected in ((_behind(ends), before.complete_lsn), (ends, newer)):
+        job = SinkJob(spark, config, CacheStore(config.cache, topic_prefix))
+        job.last_batch = 1
+        job.settle(read)
+        job.close()
+        assert job.progress.complete_lsn == expected
+
+
+def _behind(ends: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+    """`ends` with one record of one partition not read."""
+    topic = next(iter(ends))
+    partition = next(p for p, end in ends[topic].items() if end > 0)
+    return {**ends, topic: {**ends[topic], partition: ends[topic][partition] - 1}}

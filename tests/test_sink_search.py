@@ -27,11 +27,11 @@ import urllib3
 from kafka import KafkaProducer
 
 from cdc.config import TopicConfig
+from cdc.kafka.reader import read_topic
 from cdc.local.opensearch import LocalOpenSearch
 from cdc.local.process import free_port
-from compaction.progress import read_progress
-from compaction.reader import read_topic
 from sinks.latest import canonical_key
+from sinks.progress import read_progress
 from sinks.search_shapes import alias_name, index_name, markers_name
 from tests.support import (
     SINK_TIMEOUT_S,

@@ -25,11 +25,12 @@ from pyspark.sql.types import (
 from cdc.config import TopicConfig
 from cdc.events.shapes import column_shape
 from cdc.events.types import field_schema
+from cdc.naming import is_table_topic
 from cdc.source.pgtypes import BUILTIN_TYPES
 from sinks.delta import needs_column_mapping, table_path, widens
 from sinks.pipeline import drained
 from sinks.spark_types import POINT, numeric_precision, spark_type
-from sinks.topics import is_table_topic, spark_options, subscription
+from sinks.topics import spark_options, subscription
 from sinks.versions import ColumnShape, Registry, Version
 
 pytestmark = pytest.mark.unit

@@ -19,9 +19,9 @@ import pytest
 from cdc import config as cdc_config
 from cdc.config import TopicConfig
 from cdc.events.records import TRUNCATE_KEY
+from cdc.kafka.reader import TopicRecord, read_topic
 from cdc.naming import topic_name
 from cdc.source.replication import parse_lsn
-from compaction.reader import TopicRecord, read_topic
 from compaction.table import TopicTable, build, payload_of, position_of
 from snapshot.state import SnapshotState, load_state, state_topic
 from tests.support import (

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-if TYPE_CHECKING:  # the sinks follow heartbeats (cdc.kafka.follow): no capture code at their import
+if TYPE_CHECKING:  # the events (and their C renderer) load only where heartbeats are sent;
+    # the sinks follow heartbeats (cdc.kafka.follow): no capture code at their import
+    from cdc.config import TopicConfig
     from cdc.events.records import Record
 
 HEARTBEAT_SUFFIX = "__cdc_heartbeat"
@@ -30,3 +32,15 @@ def heartbeat_record(prefix: str, slot: str, lsn: int) -> Record:
 
     value = orjson.dumps({"slot": slot, "lsn": str(lsn), "ts_ms": int(time.time() * 1000)})
     return Record(heartbeat_topic(prefix), slot.encode(), value, HEARTBEAT_SUFFIX)
+
+
+def newest_heartbeat(config: TopicConfig) -> int:
+    """The LSN of the newest heartbeat in the topic (0 when there is none yet): every
+    transaction committed at or below it was in the topics before this returned."""
+    from cdc.kafka.reader import read_topic
+
+    try:
+        beats = read_topic(config, heartbeat_topic(config.prefix), idle_timeout_s=10)
+        return max((int(orjson.loads(r.value)["lsn"]) for r in beats if r.value is not None), default=0)
+    except LookupError:  # no daemon ever ran
+        return 0

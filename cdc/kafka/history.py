@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import orjson
 
 from cdc.events.records import Record
+from cdc.kafka.policy import METRICS_SUFFIX
 
-METRICS_SUFFIX = "__cdc_metrics"
 RETENTION_MS = 7 * 24 * 3600 * 1000
 
 

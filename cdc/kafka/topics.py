@@ -1,7 +1,9 @@
-"""The compacted topics: create them, check an existing one's policy, read limits and offsets.
+"""The compacted topics: create them with the topic policy, check an existing one's, read limits
+and offsets, change settings.
 
 A topic that is not compacted would silently grow forever and never forget deleted rows,
 so an existing one with another `cleanup.policy` is refused unless the user says otherwise.
+What every setting is and why: cdc.kafka.policy.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cdc.config import TopicConfig
+from cdc.kafka.policy import creation_configs, kind_of
 from cdc.kafka.security import security_settings
 
 log = logging.getLogger(__name__)
@@ -105,6 +108,9 @@ class TopicInfo:
     partitions: int
     max_message_bytes: int
     cleanup_policy: str
+    replication_factor: int = 0
+    configs: dict[str, str] = field(default_factory=dict, hash=False, compare=False)  # every setting's value
+    defaults: frozenset[str] = frozenset()  # settings the topic takes from the broker's defaults
 
 
 class TopicAdmin:
@@ -139,18 +145,22 @@ class TopicAdmin:
         wanted = [n for n in names if n in existing]
         if not wanted:
             return {}
-        partitions = {t["name"]: len(t["partitions"]) for t in self._admin.describe_topics(wanted)}
+        described = {t["name"]: t["partitions"] for t in self._admin.describe_topics(wanted)}
         configs = self._admin.describe_configs(
             [ConfigResource(ConfigResourceType.TOPIC, n) for n in wanted], config_filter="all"
         )["topic"]
         out = {}
         for name in wanted:
             conf = configs.get(name, {})
+            parts = described[name]
             out[name] = TopicInfo(
                 name=name,
-                partitions=partitions[name],
+                partitions=len(parts),
                 max_message_bytes=int(conf.get("max.message.bytes", {}).get("value", 1048588)),
                 cleanup_policy=conf.get("cleanup.policy", {}).get("value", "delete"),
+                replication_factor=min((len(p.get("replica_nodes", ())) for p in parts), default=0),
+                configs={k: v.get("value") for k, v in conf.items() if v.get("value") is not None},
+                defaults=frozenset(k for k, v in conf.items() if not str(v.get("config_source", "")).endswith("TOPIC_CONFIG")),
             )
         return out
 
@@ -200,15 +210,10 @@ class TopicAdmin:
                 )
         missing = [n for n in names if n not in infos]
         if missing:
-            topic_configs = {
-                "cleanup.policy": "delete" if log_only else "compact",
-                "min.insync.replicas": str(self.config.min_insync_replicas),
-                "max.message.bytes": str(self.config.max_message_bytes),
-            }
-            if log_only:
-                topic_configs["retention.ms"] = str(retention_ms)
+            prefix = self.config.prefix
             new = [
-                NewTopic(n, partitions, self.config.replication_factor, topic_configs=topic_configs)
+                NewTopic(n, partitions, self.config.replication_factor,
+                         topic_configs=creation_configs(self.config, kind_of(prefix, n, log_only), retention_ms))
                 for n in missing
             ]
             for topic in new:
@@ -251,6 +256,21 @@ class TopicAdmin:
                     "check the broker's log and ACLs"
                 )
             time.sleep(0.2)
+
+    def alter(self, topic: str, settings: dict[str, str]) -> None:
+        """Set these settings on the topic (an incremental change: the others stay)."""
+        from kafka.admin import ConfigResource, ConfigResourceType
+
+        with self._broker_errors(f"change the settings of topic {topic}"):
+            result = self._admin.alter_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic, configs=settings)], incremental=True
+            )
+        answer = result.get("topic", {}).get(topic, "OK")
+        if answer != "OK":
+            raise TopicError(
+                f"the broker refused to change {', '.join(f'{k}={v}' for k, v in settings.items())} on topic "
+                f"{topic} ({answer}): check this client's ACLs (AlterConfigs) or change it with kafka-configs.sh"
+            )
 
     def end_offsets(self, names: list[str]) -> dict[str, dict[int, int]]:
         """Per topic, per partition, the offset the next record will get."""

@@ -1,0 +1,72 @@
+"""The sink jobs' progress records, `<prefix>.__cdc_sinks`: one compacted record per job.
+
+Each job sends one after every micro-batch (`ProgressLog`): per table the highest commit
+LSN applied, and the LSN up to which its store is complete. The job reads its own back
+when it starts again; `cdc status` (the tombstone horizon) and `cdc verify` (whether a
+store has applied everything up to a snapshot) read them all. No pyspark here: the
+command line imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from cdc.config import TopicConfig
+from cdc.kafka.clients import producer
+from cdc.kafka.reader import read_topic
+
+SINKS_SUFFIX = "__cdc_sinks"
+
+
+def sinks_topic(prefix: str) -> str:
+    return f"{prefix}.{SINKS_SUFFIX}"
+
+
+def read_progress(config: TopicConfig) -> dict[str, dict[str, Any]]:
+    """Every sink job's latest progress record, by job name ({} when no job ever ran)."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for record in read_topic(config, sinks_topic(config.prefix), idle_timeout_s=10):
+            if record.key is None:
+                continue
+            if record.value is None:  # a job that is gone (a finished rebuild)
+                out.pop(record.key.decode(), None)
+            else:
+                out[record.key.decode()] = orjson.loads(record.value)
+    except LookupError:
+        return {}
+    return out
+
+
+class ProgressLog:
+    """One job's records in `<prefix>.__cdc_sinks`, sent after each batch."""
+
+    def __init__(self, config: TopicConfig, job: str) -> None:
+        self.config = config
+        self.job = job
+        self.topic = sinks_topic(config.prefix)
+        self._producer: Any = None
+
+    def last(self) -> dict[str, Any] | None:
+        """This job's latest record (None before its first batch)."""
+        return read_progress(self.config).get(self.job)
+
+    def send(self, progress: dict[str, Any]) -> None:
+        self._send(orjson.dumps(progress))
+
+    def forget(self) -> None:
+        """A tombstone for the job: `cdc status` no longer lists it (a finished rebuild)."""
+        self._send(None)
+        self.close()
+
+    def _send(self, value: bytes | None) -> None:
+        if self._producer is None:
+            self._producer = producer(self.config, "cdc-sink")
+        self._producer.send(self.topic, key=self.job.encode(), value=value)
+        self._producer.flush(30)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close(5)

@@ -1,0 +1,112 @@
+"""The topic policy on a real broker: what cdc creates its topics with, what `cdc topics describe`
+says of settings that lose data, and what `cdc topics ensure` repairs."""
+
+from __future__ import annotations
+
+import json
+
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+
+from cdc.config import TopicConfig
+from cdc.kafka.policy import DAY_MS, DELETE_RETENTION_MS, HOUR_MS, problems
+from cdc.naming import topic_name
+from tests.support import ACCT, cdc, slot_of, start_streaming, wait_caught_up, write_config
+
+
+def _describe(config) -> dict[str, dict]:
+    done = cdc("topics", "describe", "--json", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    return {t["topic"]: t for t in json.loads(done.stdout)}
+
+
+def _alter(servers: str, topic: str, settings: dict[str, str]) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=servers)
+    try:
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=settings)], incremental=True)
+    finally:
+        admin.close()
+
+
+def test_topics_get_the_policy_and_ensure_repairs_what_loses_data(tmp_path, db, broker_servers, topic_prefix):
+    db.execute(ACCT)
+    db.execute("CREATE TABLE public.other (id int PRIMARY KEY)")
+    other = topic_name(topic_prefix, "public", "other")
+    admin = KafkaAdminClient(bootstrap_servers=broker_servers)
+    try:  # made by hand before cdc: compacted and deleted, and an out-of-sync replica may lead
+        admin.create_topics([NewTopic(other, 3, 1, topic_configs={
+            "cleanup.policy": "compact,delete", "retention.ms": "3600000", "unclean.leader.election.enable": "true",
+        })])
+    finally:
+        admin.close()
+    config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.*"])
+    slot = slot_of(topic_prefix)
+    daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
+    db.execute("INSERT INTO public.acct VALUES (1, 1, 'x')")
+    wait_caught_up(db.dsn, slot, daemon)
+    assert daemon.stop() == 0
+    # the daemon warned at start, naming the fix
+    assert (
+        f"{other}: cleanup.policy=compact,delete: compacted and deleted: rows older than retention.ms=3600000 are "
+        "dropped; set cleanup.policy=compact (cdc topics ensure does)"
+    ) in daemon.output()
+
+    topics = _describe(config)
+    acct = topics[topic_name(topic_prefix, "public", "acct")]
+    assert {k: v["value"] for k, v in acct["settings"].items() if v["policy"] is not None} == {
+        "cleanup.policy": "compact", "min.compaction.lag.ms": str(HOUR_MS),
+        "delete.retention.ms": str(DELETE_RETENTION_MS), "segment.ms": str(DAY_MS),
+        "min.cleanable.dirty.ratio": "0.5", "min.insync.replicas": "1", "max.message.bytes": "1048588",
+        "unclean.leader.election.enable": "false",
+    }
+    assert acct["problems"] == [] and acct["kind"] == "table"
+    heartbeat = topics[f"{topic_prefix}.__cdc_heartbeat"]
+    assert heartbeat["kind"] == "internal" and heartbeat["partitions"] == 1
+    assert heartbeat["settings"]["cleanup.policy"]["value"] == "compact"
+    assert [(p["setting"], p["loses_data"]) for p in topics[other]["problems"]] == [
+        ("cleanup.policy", True), ("unclean.leader.election.enable", True),
+    ]
+    assert topics[other]["settings"]["segment.ms"]["from_broker_default"] is True
+
+    # a topic cdc created, later set to delete by hand
+    _alter(broker_servers, acct["topic"], {"cleanup.policy": "delete"})
+    text = cdc("topics", "describe", "--config", str(config)).stdout
+    assert (
+        "problem (loses data): cleanup.policy=delete: not compacted: rows older than retention.ms are dropped and "
+        "deleted rows are never forgotten; set cleanup.policy=compact (cdc topics ensure does), then re-snapshot"
+    ) in text
+    assert text.rstrip().endswith("3 problems")
+
+    done = cdc("topics", "ensure", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert f"set {acct['topic']}: cleanup.policy=compact (was delete)" in done.stdout
+    assert f"set {other}: cleanup.policy=compact (was compact,delete)" in done.stdout
+    assert f"set {other}: unclean.leader.election.enable=false (was true)" in done.stdout
+    assert f"set {other}: segment.ms={DAY_MS} (was 604800000)" in done.stdout  # a broker default: the policy's
+    assert not any(t["problems"] for t in _describe(config).values())
+    again = cdc("topics", "ensure", "--config", str(config))
+    assert again.stdout.strip() == "topics ensure: 0 settings changed"
+
+    # what a settings change cannot repair: one line, exit 1
+    failed = cdc("topics", "ensure", "--config", str(config), env={"CDC_TOPIC_REPLICATION_FACTOR": "2"})
+    assert failed.returncode == 1
+    assert failed.stderr.startswith("error: ")
+    assert (
+        f"{acct['topic']}: replication factor=1: below [topic] replication_factor = 2: the topic survives fewer "
+        "broker losses; add replicas with kafka-reassign-partitions.sh (a configuration change cannot)"
+    ) in failed.stderr
+
+
+def test_a_delete_retention_shorter_than_a_sinks_lag_is_a_problem() -> None:
+    config = TopicConfig()
+    settings = {"cleanup.policy": "compact", "delete.retention.ms": "86400000", "min.insync.replicas": "1"}
+    found = problems("p.public.t", "table", settings, 1, config, longest_lag_ms=2 * DAY_MS)
+    assert [p.line() for p in found] == [
+        "p.public.t: delete.retention.ms=86400000: shorter than the longest sink lag (2.0 d): that sink may miss "
+        f"deletes for good; raise it to {DELETE_RETENTION_MS} (cdc topics ensure does) and catch the sink up, or "
+        "rebuild its store"
+    ]
+    assert found[0].repair == ("delete.retention.ms", str(DELETE_RETENTION_MS))
+    assert problems("p.public.t", "table", settings, 1, config, longest_lag_ms=3600000) == []
+    assert problems("p.public.t", "table", settings, 1, config, longest_lag_ms=10 * DAY_MS)[0].repair == (
+        "delete.retention.ms", str(20 * DAY_MS),
+    )
