@@ -39,11 +39,14 @@ def test_every_op_has_the_exact_envelope(db, broker_servers, topic_prefix, run_d
     db.execute("UPDATE public.items SET id = 3 WHERE id = 2")
     db.execute("TRUNCATE public.items")
     wait_caught_up(db.dsn, slot, daemon)
+    k1, k2, k3 = (orjson.dumps({"id": i}) for i in (1, 2, 3))
+    # the truncate clean-up's tombstone follows once the slot is confirmed past the truncate
+    wait_for(lambda: by_key(topic_records(broker_servers, topic_prefix, "public", "items")).get(k3, [])[-1:] == [None],
+             60, "the truncate clean-up's tombstone for id 3")
     assert daemon.stop() == 0
 
     records = topic_records(broker_servers, topic_prefix, "public", "items")
     keys = by_key(records)
-    k1, k2, k3 = (orjson.dumps({"id": i}) for i in (1, 2, 3))
     assert set(keys) == {k1, k2, k3, TRUNCATE_KEY}
     assert [v and v["op"] for v in keys[k1]] == ["c", "u", "d", None]
     assert [v and v["op"] for v in keys[k2]] == ["c", "d", None]  # the key change: d + tombstone on the old key
