@@ -1,4 +1,5 @@
-"""Both producers put every key on the partition Kafka's Java client would pick (murmur2)."""
+"""Both producers put every key on the partition Kafka's Java client would pick (murmur2);
+both readers read a topic whole or its last records per partition."""
 
 from __future__ import annotations
 
@@ -33,3 +34,6 @@ def test_records_land_on_the_murmur2_partition(broker_servers, topic_prefix, cli
     producer.close()
     placed = {r.key: r.partition for r in read_topic(config, topic)}
     assert placed == {key: partition_for(key, 5) for key in keys}
+    newest = {p: [k for k in keys if partition_for(k, 5) == p][-1] for p in range(5)}
+    assert {r.partition: r.key for r in read_topic(config, topic, tail=1)} == newest
+    assert len(list(read_topic(config, topic, tail=2))) == 10

@@ -40,7 +40,7 @@ def newest_heartbeat(config: TopicConfig) -> int:
     from cdc.kafka.reader import read_topic
 
     try:
-        beats = read_topic(config, heartbeat_topic(config.prefix), idle_timeout_s=10)
+        beats = read_topic(config, heartbeat_topic(config.prefix), idle_timeout_s=10, tail=1)  # LSNs only rise
         return max((int(orjson.loads(r.value)["lsn"]) for r in beats if r.value is not None), default=0)
     except LookupError:  # no daemon ever ran
         return 0

@@ -34,16 +34,18 @@ def read_topic(
     start: Mapping[int, int] | None = None,
     ends: dict[int, int] | None = None,
     from_ms: int | None = None,
+    tail: int | None = None,
 ) -> Iterator[TopicRecord]:
     """Every record of `topic` in per-partition offset order, partitions interleaved.
 
     Without `follow` it stops at the end offsets seen when it started (written into `ends`
     when given, so a later call can go on from there with `start`); with `follow` it keeps
     waiting for new records. `idle_timeout_s` bounds a wait that makes no progress. `from_ms`:
-    start at the first record written at or after this time (ms since the epoch). With
+    start at the first record written at or after this time (ms since the epoch). `tail`: only
+    the last this many offsets of each partition (a compacted topic's newest record). With
     `[topic] client = "confluent"` a bounded read goes through librdkafka (several times faster)."""
     if config.client == "confluent" and not follow and not from_end and from_ms is None:
-        yield from _read_confluent(config, topic, idle_timeout_s, start, ends)
+        yield from _read_confluent(config, topic, idle_timeout_s, start, ends, tail)
         return
     from kafka.structs import TopicPartition
 
@@ -66,6 +68,8 @@ def read_topic(
                 client.seek(tp, last[tp] if at is None else at.offset)
             elif start is not None and tp.partition in start:
                 client.seek(tp, start[tp.partition])
+            elif tail is not None and last[tp] > tail:
+                client.seek(tp, last[tp] - tail)
             else:
                 client.seek_to_beginning(tp)
         remaining = {tp for tp in tps if client.position(tp) < last[tp]}
@@ -88,6 +92,7 @@ def read_topic(
 
 def _read_confluent(
     config: TopicConfig, topic: str, idle_timeout_s: float, start: Mapping[int, int] | None, ends: dict[int, int] | None,
+    tail: int | None = None,
 ) -> Iterator[TopicRecord]:
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -100,7 +105,8 @@ def _read_confluent(
         last = {p: high for p, (_, high) in marks.items()}
         if ends is not None:
             ends.update(last)
-        first = {p: (start or {}).get(p, OFFSET_BEGINNING) for p in last}
+        first = {p: (start or {}).get(p, OFFSET_BEGINNING if tail is None or last[p] <= tail else last[p] - tail)
+                 for p in last}
         remaining = {p for p in last if max(marks[p][0], first[p]) < last[p]}
         client.assign([TopicPartition(topic, p, first[p]) for p in sorted(remaining)])
         progress = time.monotonic()
