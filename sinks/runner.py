@@ -125,7 +125,7 @@ def keep_running(
                         raise
                     log.warning("sink %s: clearing it failed (%s); again in %.0f s", store.name, _first_line(failed),
                                 delay, extra={"store": store.name})
-                    time.sleep(delay)
+                    _back_off(delay, stop)
                     delay = min(delay * 2, LAST_DELAY_S)
                     continue
                 rebuilds += 1
@@ -147,10 +147,18 @@ def keep_running(
                             extra={"store": store.name})
                 if metrics is not None:
                     metrics.retry("failed")
-                time.sleep(delay)
+                _back_off(delay, stop)
                 delay = min(delay * 2, LAST_DELAY_S)
     finally:
         job.close()
+
+
+def _back_off(seconds: float, stop: Callable[[], bool]) -> None:
+    """A retry's delay, cut short by a stop request: SIGTERM during a minute's back-off (a
+    store or a Spark JVM that stays down) ends the job now, not after it."""
+    deadline = time.monotonic() + seconds
+    while not stop() and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.2))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -102,13 +102,11 @@ def test_transient_failures_are_retried_with_a_backoff_that_starts_over_after_a_
     config = _captured(tmp_path, db, run_daemon, broker_servers, topic_prefix, redis_server.url)
     delays: list[float] = []
 
-    class Clock:
-        @staticmethod
-        def sleep(seconds: float) -> None:
-            delays.append(seconds)
-            time.sleep(seconds)
+    def back_off(seconds: float, stop: Any) -> None:
+        delays.append(seconds)
+        time.sleep(seconds)
 
-    monkeypatch.setattr(runner, "time", Clock)
+    monkeypatch.setattr(runner, "_back_off", back_off)
     monkeypatch.setattr(runner, "FIRST_DELAY_S", 0.2)
     broker_port = int(broker_servers.rsplit(":", 1)[1])
     stop = threading.Event()
@@ -148,6 +146,36 @@ def test_transient_failures_are_retried_with_a_backoff_that_starts_over_after_a_
     assert delays == [0.2, 0.4, 0.8, 0.2, 0.4]
     assert opens[0] == opens[1] == opens[2] and opens[4] == opens[5], opens  # the same clients each attempt
     assert progress.batches >= 1  # the good one
+
+
+def test_a_stop_during_a_long_back_off_ends_the_job_at_once(
+    tmp_path: Path, db: Any, run_daemon: Any, broker_servers: str, topic_prefix: str, redis_server: LocalRedis,
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, warnings: _Warnings,
+) -> None:
+    """A store that stays down: the job backs off for a minute and more between attempts.
+    SIGTERM (the stop request) in the middle of one ends the job then, not after it."""
+    config = _captured(tmp_path, db, run_daemon, broker_servers, topic_prefix, redis_server.url)
+    monkeypatch.setattr(runner, "FIRST_DELAY_S", 3600.0)
+    stop = threading.Event()
+    warnings.react = lambda line: stop.set() if "again from the checkpoint in 3600 s" in line else None
+
+    class Down(CacheStore):
+        def open(self, resumed: bool) -> None:
+            raise StoreUnavailable("Redis at the test's URL: Connection refused")
+
+    ended: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            runner.keep_running(spark, config, Down(config.cache, topic_prefix), False, stop.is_set)
+        except SinkStopped as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=job, daemon=True)
+    thread.start()
+    thread.join(120)  # the back-off alone would take an hour
+    assert not thread.is_alive()
+    assert [str(e) for e in ended] == ["the cache sink failed 2 times, last: Redis at the test's URL: Connection refused"]
 
 
 def _sockets_to(port: int) -> int:
