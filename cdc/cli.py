@@ -521,6 +521,28 @@ def rebuild_history(config: Config) -> None:
             click.echo(f"{table}: {versions} versions")
 
 
+@delta.command("rebuild")
+@click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
+@_with_config
+def delta_rebuild(config: Config, in_driver: bool) -> None:
+    """Fill every table's current/ again from the topics in a folder of its own, then
+    replace each table's rows in one commit: readers read the version before it until
+    then (time travel keeps it). changes/ and history/ are not the topics' to restore
+    (see rebuild-history). A running `cdc sink delta` goes on, paused between two of its
+    batches for the switch; on [spark] master = spark://... it runs on the cluster."""
+    from sinks.batch import TypeConflict
+    from sinks.query import StopSignal
+    from sinks.rebuild import rebuild_delta_here
+    from sinks.store import SinkStopped
+
+    _on_the_cluster(config, "delta", ["delta", "rebuild"], in_driver)
+    try:
+        switched = rebuild_delta_here(config, StopSignal())
+    except (SinkStopped, TypeConflict) as exc:
+        _fail(str(exc))
+    click.echo(f"delta rebuild: {len(switched)} tables of current/ replaced, {sum(n for _, n in switched)} rows")
+
+
 @main.group()
 def search() -> None:
     """Maintain the search index at [search] url."""

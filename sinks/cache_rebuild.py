@@ -32,6 +32,9 @@ NAME = "cache-rebuild"
 class Generations:
     """The live database and the rebuild's, on one Redis server."""
 
+    name = NAME
+    last_pass = True  # the live job goes on through the switch
+
     def __init__(self, config: CacheConfig, prefix: str) -> None:
         self.config, self.prefix = config, prefix
         self.settings = Settings.of(config)

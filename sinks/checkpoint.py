@@ -25,3 +25,20 @@ def query_id(spark: SparkSession, checkpoint: str) -> str | None:
 def drop(spark: SparkSession, checkpoint: str) -> None:
     """Forget the job's offsets: it reads the topics from the earliest offsets again."""
     hadoop.delete(spark, checkpoint)
+
+
+def offsets(spark: SparkSession, checkpoint: str, batch: int | None = None) -> dict[str, dict[int, int]] | None:
+    """Per topic and partition, where batch `batch` ends (None: the last batch planned,
+    committed or not), from Spark's offset log (None: no such batch)."""
+    folder = checkpoint.rstrip("/") + "/offsets"
+    if batch is None:
+        ids = [int(name) for name in hadoop.names(spark, folder) if name.isdigit()]
+        if not ids:
+            return None
+        batch = max(ids)
+    raw = hadoop.read_bytes(spark, f"{folder}/{batch}")
+    if raw is None:
+        return None
+    # "v1", the batch's metadata, then a line per source: the Kafka source's {topic: {partition: offset}}
+    source = orjson.loads(raw.decode().splitlines()[2])
+    return {topic: {int(part): int(offset) for part, offset in parts.items()} for topic, parts in source.items()}

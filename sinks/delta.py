@@ -50,6 +50,7 @@ from cdc.config import Config, ConfigError
 from sinks import hadoop, history
 from sinks.batch import UNAVAILABLE, TableBatch, TypeConflict
 from sinks.envelope import CHANGE_COLUMNS
+from sinks.handover import LiveSide
 from sinks.store import TableStore, Truncate
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ class DeltaStore(TableStore):
         self.root = root
         self.where = f"the Delta warehouse at {root}"
         self.record = f"{root.rstrip('/')}/_cdc/{name}.json"
+        self.handover: LiveSide | None = LiveSide(spark, root, name)
         # per table path: steps of different tables run in parallel threads, so each entry is
         # its own table's; the lock keeps the dictionaries themselves whole
         self._lock = threading.Lock()

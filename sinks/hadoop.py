@@ -3,6 +3,7 @@ write (the checkpoints, the warehouse's bookkeeping)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -33,6 +34,20 @@ def delete(spark: SparkSession, path: str) -> None:
     """A file, or a folder with everything in it (nothing when it is not there)."""
     fs, where = filesystem(spark, path)
     fs.delete(where, True)
+
+
+def age_s(spark: SparkSession, path: str) -> float | None:
+    """Seconds since the file at `path` was last written (None: no file)."""
+    fs, where = filesystem(spark, path)
+    if not fs.exists(where):
+        return None
+    try:
+        written = fs.getFileStatus(where).getModificationTime()
+    except Exception as exc:  # py4j's error for Java's FileNotFoundException: deleted meanwhile
+        if "FileNotFoundException" in str(exc):
+            return None
+        raise
+    return max(0.0, time.time() - written / 1000)
 
 
 def read_bytes(spark: SparkSession, path: str) -> bytes | None:

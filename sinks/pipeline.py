@@ -58,7 +58,8 @@ class UnknownVersion(Exception):
 
 
 class StopRequested(Exception):
-    """Raised by a batch that starts after SIGTERM: it is read again next time, uncommitted."""
+    """Raised by a batch that starts after SIGTERM, or after a rebuild asked the job to pause
+    (sinks.handover): it is read again next time, uncommitted."""
 
 
 @dataclass
@@ -143,7 +144,9 @@ class SinkJob:
 
     # -- one batch -------------------------------------------------------------------
     def __call__(self, records: DataFrame, batch_id: int) -> None:
-        if self.stop_requested():  # batches follow each other at once: the stop must come from here
+        handover = self.store.handover
+        if self.stop_requested() or (handover is not None and handover.requested()):
+            # batches follow each other at once: a stop, or a rebuild's pause, must come from here
             self.failure = StopRequested()
             raise self.failure
         self.running = True

@@ -30,7 +30,28 @@ def run(
     """Run the job until its topics are drained (`once`) or a stop is requested.
 
     A failed batch fails the query: the error is raised here, and the caller may start
-    the job again from the same checkpoint (nothing after the last good batch is lost)."""
+    the job again from the same checkpoint (nothing after the last good batch is lost).
+    A rebuild that asks the store's live job to pause (sinks.handover) finds the query
+    stopped between two batches until its switch is done; then the query starts again."""
+    handover = job.store.handover
+    try:
+        while True:
+            if handover is not None:
+                handover.beat()
+                if handover.requested():
+                    handover.hold(stop_requested)
+            if stop_requested() or not _query(spark, config, job, checkpoint, once, stop_requested):
+                return job.progress
+    finally:
+        if handover is not None:
+            handover.end()
+
+
+def _query(
+    spark: SparkSession, config: Config, job: SinkJob, checkpoint: str, once: bool, stop_requested: Callable[[], bool],
+) -> bool:
+    """One query until drained or stopped (False), or until a rebuild asks for a pause (True)."""
+    handover = job.store.handover
     job.begin(checkpoint)
     reader = topics.read_stream(spark, config.topic, config.spark.max_offsets_per_trigger)
     writer = reader.writeStream.foreachBatch(job).option("checkpointLocation", checkpoint)
@@ -39,10 +60,13 @@ def run(
     else:
         writer = writer.trigger(processingTime=f"{config.spark.trigger_interval_s} seconds")
     query = writer.queryName(f"cdc-sink-{job.store.name}").start()
-    stopped = False
+    stopped = paused = False
     try:
         while query.isActive:
-            if stop_requested() and not job.running:
+            if handover is not None:
+                handover.beat()
+                paused = handover.requested(fresh=False)
+            if (stop_requested() or paused) and not job.running:
                 # a batch that starts in between stops itself (StopRequested), uncommitted
                 stopped = True
                 query.stop()
@@ -60,7 +84,7 @@ def run(
     finally:
         if query.isActive:
             query.stop()
-    return job.progress
+    return stopped and handover is not None and handover.requested()
 
 
 def _offsets_read(query: Any) -> dict[str, dict[int, int]] | None:

@@ -4,6 +4,8 @@
   behind hidden aliases, then the readers' aliases swapped in one step;
 - `cdc cache rebuild`: the cache again from the topics in another Redis database, then
   SWAPDB (sinks.cache_rebuild);
+- `cdc delta rebuild`: current/ again from the topics in a folder of its own, then one
+  commit per table replacing its rows (sinks.delta_rebuild);
 - `cdc delta rebuild-history`: history/ again from changes/, the complete change log. A
   compacted topic has lost superseded versions, so history/ is only as complete as the
   topic was when the job first read it; changes/ keeps every event the job ever read, and
@@ -90,8 +92,35 @@ def rebuild_cache_here(config: Config, stop: StopSignal) -> tuple[int, int, dict
         spark.stop()
 
 
+def rebuild_delta_here(config: Config, stop: StopSignal) -> list[tuple[str, int]]:
+    """`cdc delta rebuild`: every table's `current/` again from the topics, beside the one
+    readers use (sinks.delta_rebuild), then one commit per table replacing its rows;
+    (table path, rows) per table switched.
+
+    The shape of `cdc search rebuild`: passes until one is short, then the switch, with a
+    running `cdc sink delta` paused between two batches (sinks.handover) while the rebuilt
+    tables catch up to exactly its offsets and replace its tables; then the rebuilt tables
+    and the rebuild's checkpoint go."""
+    from sinks.delta_rebuild import Rebuild
+
+    check(config, "delta")
+    ensure_topics(config)
+    spark = build_session("cdc-delta-rebuild", master=config.spark.master, conf=log_conf(config.spark.log_format))
+    stop.install()
+    try:
+        return _fill_and_switch(spark, config, Rebuild(spark, config, stop), stop, "current/",
+                                "cdc delta rebuild") or []
+    finally:
+        spark.stop()
+
+
 class _Generations(Protocol[S]):
-    """A store's generation beside the live one (sinks.cache_rebuild)."""
+    """A store's generation beside the live one (sinks.cache_rebuild, sinks.delta_rebuild)."""
+
+    name: str  # the rebuild's job: its checkpoint folder and progress record
+    #: after the switch, one more position-guarded pass into the live store brings what the
+    #: live job wrote after the rebuild's last pass (the cache: the live job never stops)
+    last_pass: bool
 
     def swapped(self) -> bool: ...
     def store(self, swapped: bool) -> Store: ...
@@ -103,8 +132,9 @@ class _Generations(Protocol[S]):
 def _fill_and_switch(spark: SparkSession, config: Config, generations: _Generations[S], stop: StopSignal,
                      untouched: str, command: str) -> S | None:
     """The rebuilds' one shape after the store's own checks: passes into the new generation,
-    the switch, one more position-guarded pass into the live store, the clean-up; what the
-    switch returned (None: an earlier run had switched and stopped before its clean-up)."""
+    the switch, the last pass into the live store where the generations want one, the
+    clean-up; what the switch returned (None: an earlier run had switched and stopped
+    before its clean-up)."""
     switched = None
     if not generations.swapped():  # else an earlier run stopped after its switch
         store = generations.store(swapped=False)
@@ -114,11 +144,11 @@ def _fill_and_switch(spark: SparkSession, config: Config, generations: _Generati
             raise SinkStopped(f"the rebuild stopped before its switch; {untouched} is untouched: run `{command}` "
                               "again to go on from where it stopped")
         switched = generations.swap()
-    store = generations.store(swapped=True)
-    keep_running(spark, config, store, True, lambda: False)  # after the switch it finishes
+    if generations.last_pass:
+        keep_running(spark, config, generations.store(swapped=True), True, lambda: False)  # it finishes
     generations.finish()
-    checkpoints.drop(spark, checkpoint(config, store.name))
-    ProgressLog(config.topic, store.name).forget()
+    checkpoints.drop(spark, checkpoint(config, generations.name))
+    ProgressLog(config.topic, generations.name).forget()
     return switched
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sinks.batch import TableBatch
+    from sinks.handover import LiveSide
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,9 @@ class Store(ABC):
     #: how the store's client names errors worth a retry (the batch fails on an executor, and
     #: the driver sees the error as text): an unreachable server, a refusal for now
     transient: tuple[str, ...] = ()
+    #: the live job's side of a rebuild that pauses it for its switch (sinks.handover: the
+    #: Delta warehouse's); None: the store's rebuild does not pause its live job
+    handover: LiveSide | None = None
 
     def open(self, resumed: bool) -> None:  # noqa: B027 (most stores have nothing to do)
         """Before the query starts (`resumed`: the checkpoint holds committed batches):

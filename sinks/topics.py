@@ -13,6 +13,7 @@ import re
 import time
 from pathlib import Path
 
+import orjson
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -83,6 +84,24 @@ def read_stream(spark: SparkSession, config: TopicConfig, max_offsets_per_trigge
         # a consumer at the end of a partition otherwise waits 500 ms (Kafka's default) for
         # data: most of a small batch's read time (measured: 2 s down to 0.6-1 s per batch)
         .option("kafka.fetch.max.wait.ms", "10")
+        .load()
+    )
+
+
+def read_range(spark: SparkSession, config: TopicConfig, start: dict[str, dict[int, int]],
+               end: dict[str, dict[int, int]]) -> DataFrame:
+    """The records of `end`'s partitions from `start` (-2 or none: the earliest) up to `end`,
+    as one batch, in the columns the stream has (a rebuild's last pass to given offsets)."""
+    starting = {topic: {str(p): start.get(topic, {}).get(p, -2) for p in parts} for topic, parts in end.items()}
+    ending = {topic: {str(p): offset for p, offset in parts.items()} for topic, parts in end.items()}
+    assign = {topic: sorted(parts) for topic, parts in end.items()}
+    return (
+        spark.read.format("kafka")
+        .options(**spark_options(config))
+        .option("assign", orjson.dumps(assign).decode())
+        .option("startingOffsets", orjson.dumps(starting).decode())
+        .option("endingOffsets", orjson.dumps(ending).decode())
+        .option("failOnDataLoss", "false")
         .load()
     )
 

@@ -360,6 +360,35 @@ class Sink:
             self.kill9()
 
 
+def rebuild_while_streaming(
+    dsn: str, sink: Sink, command: tuple[str, ...], read: Callable[[], Any], every_s: float, pause_s: float,
+    batches_after: int = 1, timeout: float = 900,
+) -> tuple[subprocess.CompletedProcess, list[Any]]:
+    """`cdc <command>` while writers change public.acct, the live job streams them and a
+    reader samples the store every `every_s` (`read`, in a thread of its own); then
+    `batches_after` batches of the live job. (The rebuild's result, the samples.)"""
+    samples: list[Any] = []
+    reading = threading.Event()
+
+    def sample() -> None:
+        while not reading.is_set():
+            samples.append(read())
+            time.sleep(every_s)
+
+    reader = threading.Thread(target=sample, daemon=True)
+    with Writers(dsn, keys=400, pause_s=pause_s):
+        sink.start()
+        sink.next_batch()
+        reader.start()
+        done = cdc(*command, timeout=timeout)
+        for n in range(batches_after):
+            sink.next_batch(f"batch {n + 1} of the job after the switch")
+    reading.set()
+    reader.join(30)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done, samples
+
+
 def acct_changes_captured(db: Any, run_daemon: Any) -> Any:
     """`public.acct`: 500 rows, then updates and deletes, all in the topics; the daemon."""
     db.execute(ACCT)

@@ -60,8 +60,8 @@ def test_log_cleaner_compacts_cdc_topics_to_the_source_table(
 ):
     """Superseded records, deleted rows and, after the daemon's truncate clean-up, the rows a
     truncate removed all leave the topic; tombstones go after delete.retention.ms. Every store,
-    filled before the cleaner ran (the search index and the cache then rebuilt from the
-    cleaned topic, `cdc search|cache rebuild`), equals the source (`cdc verify`)."""
+    filled before the cleaner ran and rebuilt from the topic after it (`cdc search|cache|delta
+    rebuild`), equals the source (`cdc verify`)."""
     import signal
 
     from click.testing import CliRunner
@@ -70,7 +70,7 @@ def test_log_cleaner_compacts_cdc_topics_to_the_source_table(
     from cdc.config import load
     from cdc.local.redis import LocalRedis
     from sinks.query import StopSignal
-    from sinks.rebuild import rebuild_cache_here, rebuild_search_here
+    from sinks.rebuild import rebuild_cache_here, rebuild_delta_here, rebuild_search_here
 
     monkeypatch.chdir(tmp_path)  # Spark's spark-warehouse/ lands in the cwd
     servers = eager_broker.bootstrap_servers
@@ -126,10 +126,10 @@ def test_log_cleaner_compacts_cdc_topics_to_the_source_table(
     assert table.state() == source_table(db.dsn, "SELECT id, version, note FROM public.acct")
     assert len(table.state()) == 10
 
-    # the index and the cache rebuilt from the compacted topic, the live jobs going on after; then verify
+    # every store rebuilt from the compacted topic, its live job going on after; then verify
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for rebuild in (rebuild_search_here, rebuild_cache_here):
+        for rebuild in (rebuild_search_here, rebuild_cache_here, rebuild_delta_here):
             rebuild(stores, StopSignal())
         _apply_stores(stores)
         result = CliRunner().invoke(main, ["verify", "--config", str(tmp_path / "stores.toml")],

@@ -1,4 +1,4 @@
-"""`cdc cache rebuild`: the cache filled again from the topics beside
+"""`cdc cache rebuild` and `cdc delta rebuild`: a store filled again from the topics beside
 the one readers use, while the live job streams and rows keep changing, then switched.
 
 Real PostgreSQL, Kafka, Spark and Redis (a server of this module's: SWAPDB moves whole
@@ -12,8 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,10 +26,10 @@ from tests.support import (
     ACCT,
     SINK_TIMEOUT_S,
     Sink,
-    Writers,
     acct_changes_captured,
     acct_rows,
     cdc,
+    rebuild_while_streaming,
     wait_caught_up,
     wait_for,
     write_config,
@@ -62,26 +60,10 @@ def test_a_cache_rebuild_swaps_databases_while_readers_and_the_job_go_on(
     live, other = redis.Redis.from_url(_db(cache_server, 0)), redis.Redis.from_url(_db(cache_server, 1))
 
     # GET readers count acct's rows all along: never none, never a half-filled cache
-    counts: list[int] = []
-    reading = threading.Event()
-
-    def read() -> None:
-        client = redis.Redis.from_url(_db(cache_server, 0))
-        while not reading.is_set():
-            counts.append(sum(1 for _ in client.scan_iter(match=f"{topic_prefix}.public.acct:*", count=1000)))
-            time.sleep(0.02)
-
-    reader = threading.Thread(target=read, daemon=True)
-    with Writers(db.dsn, keys=400, pause_s=0.02):
-        sink.start()
-        sink.next_batch()
-        reader.start()
-        done = cdc("cache", "rebuild", "--config", str(config), timeout=600)
-        sink.next_batch("a batch of the job after the swap")
-        sink.next_batch("another one")
-    reading.set()
-    reader.join(10)
-    assert done.returncode == 0, done.stderr[-3000:]
+    reader = redis.Redis.from_url(_db(cache_server, 0))
+    done, counts = rebuild_while_streaming(
+        db.dsn, sink, ("cache", "rebuild", "--config", str(config)), every_s=0.02, pause_s=0.02, batches_after=2,
+        read=lambda: sum(1 for _ in reader.scan_iter(match=f"{topic_prefix}.public.acct:*", count=1000)))
     assert re.fullmatch(r"cache rebuild: database 1 swapped in as database 0, 1 tables, \d+ rows", done.stdout.strip())
     assert counts and min(counts) > 200, counts[:20]
     wait_caught_up(db.dsn, slot, daemon)
@@ -136,6 +118,61 @@ def test_a_cache_rebuild_stopped_before_its_switch_leaves_the_cache_and_goes_on(
     assert "sinks.pipeline: batch 0:" not in done.stderr  # it went on from its offsets
     assert _acct(live, topic_prefix) == acct_rows(db)
     assert other.dbsize() == 0
+    assert daemon.stop() == 0
+
+
+def _delta_config(tmp_path: Path, db: Any, servers: str, prefix: str) -> Path:
+    return write_config(tmp_path / "sink.toml", db.dsn, servers, prefix, ["public.*"],
+                        delta={"path": str(tmp_path / "warehouse")},
+                        spark={"checkpoint_dir": str(tmp_path / "checkpoints")})
+
+
+def _verify(config: Path, store: str) -> None:
+    done = cdc("verify", "--stores", store, "--tables", "public.acct", "--config", str(config), timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_a_delta_rebuild_replaces_current_while_readers_and_the_job_go_on(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any
+) -> None:
+    from cdc.config import load
+    from sinks.stores import counter
+
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 400) g")
+    daemon, slot = run_daemon(["public.*"])
+    wait_caught_up(db.dsn, slot, daemon)
+    config = _delta_config(tmp_path, db, broker_servers, topic_prefix)
+    sink = Sink(config, tmp_path / "sink.log", store="delta")
+    assert "0 dead letters" in sink.once()
+    acct = f"{topic_prefix}.public.acct"
+
+    # readers of current/ (delta-rs) count acct all along: the version before the switch or after it
+    rows = counter("delta", load(str(config)))
+    try:
+        done, counts = rebuild_while_streaming(
+            db.dsn, sink, ("delta", "rebuild", "--config", str(config)), every_s=0.1, pause_s=0.05,
+            read=lambda: rows.count([acct])[acct])
+    finally:
+        rows.close()
+    assert re.fullmatch(r"delta rebuild: 1 tables of current/ replaced, \d+ rows", done.stdout.strip()), done.stdout
+    # the live job paused between two batches for the switch, and went on after it
+    assert "cdc sink delta paused; the rebuilt tables catch up to its offsets" in done.stderr, done.stderr[-3000:]
+    assert "paused between batches for the Delta rebuild's switch" in sink.log.read_text()
+    assert counts and all(n is not None and n > 200 for n in counts), counts[:20]
+    wait_caught_up(db.dsn, slot, daemon)
+    assert sink.stop() == 0
+    sink.once()  # what the writers committed after the job's last streamed batch
+    _verify(config, "delta")
+    # the version before the switch is still there for time travel; nothing of the rebuild is left
+    spark_free = subprocess.run(
+        [sys.executable, "-c", "import sys, json; from deltalake import DeltaTable; "
+         "print(json.dumps([h['operation'] for h in DeltaTable(sys.argv[1]).history()])); import os; os._exit(0)",
+         str(tmp_path / "warehouse" / "current" / "public" / "acct")], capture_output=True, text=True)
+    assert "WRITE" in spark_free.stdout and "MERGE" in spark_free.stdout, spark_free.stdout + spark_free.stderr
+    assert not (tmp_path / "warehouse" / "_cdc" / "rebuild").exists()
+    assert not (tmp_path / "checkpoints" / "delta-rebuild").exists()
+    assert set(read_progress(TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix))) == {"delta"}
     assert daemon.stop() == 0
 
 

@@ -245,7 +245,7 @@ def test_the_search_job_on_a_standalone_cluster(
 def test_a_rebuild_swaps_every_index_while_readers_and_the_job_go_on(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, opensearch: LocalOpenSearch
 ) -> None:
-    from tests.support import ACCT, Writers
+    from tests.support import ACCT, rebuild_while_streaming
 
     base = opensearch.url
     db.execute(ACCT)
@@ -266,28 +266,13 @@ def test_a_rebuild_swaps_every_index_while_readers_and_the_job_go_on(
 
     # the rebuild, while writers change acct, the job streams them into the index and readers
     # count it, through its alias and through a wildcard over the prefix (item's 2 documents too)
-    answers: list[Any] = []
-    reading = threading.Event()
-
     def count(path: str) -> Any:
         resp = HTTP.request("GET", f"{base}/{path}/_count")
         return orjson.loads(resp.data)["count"] if resp.status == 200 else (resp.status, resp.data[:200])
 
-    def read() -> None:
-        while not reading.is_set():
-            answers.append((count(acct), count(f"{topic_prefix}.public.*")))
-            time.sleep(0.05)
-
-    reader = threading.Thread(target=read, daemon=True)
-    with Writers(db.dsn, keys=400, pause_s=0.02):
-        sink.start()
-        sink.next_batch()
-        reader.start()
-        done = cdc("search", "rebuild", "--config", str(config), timeout=600)
-        sink.next_batch("a batch of the job after the swap")
-    reading.set()
-    reader.join(10)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done, answers = rebuild_while_streaming(
+        db.dsn, sink, ("search", "rebuild", "--config", str(config)), every_s=0.05, pause_s=0.02, timeout=600,
+        read=lambda: (count(acct), count(f"{topic_prefix}.public.*")))
     lines = done.stdout.splitlines()
     assert re.fullmatch(rf"{re.escape(acct)}: {re.escape(acct)}-v1 -> {re.escape(acct)}-v2 \(\d+ documents\)",
                         lines[0]), lines

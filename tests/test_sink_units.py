@@ -626,3 +626,59 @@ def test_search_documents_turn_dates_into_iso_text_and_json_into_objects() -> No
     assert docs.source("p.public.t", 50, {"d": -2**31, "ts": 9223372036825200000, "j": "not json"}, "p2") == {
         "d": -2**31 * 86_400_000, "ts": 9223372036825200, "j": "not json", "_cdc_pos": "p2"}
     assert docs.source("p.public.t", 100, {"d": "x"}, "p3") == {"d": "x", "_cdc_pos": "p3"}  # the commit LSN's version
+
+
+def test_a_delta_rebuild_holds_a_live_job_between_batches_and_lets_it_go_on(spark, tmp_path, monkeypatch) -> None:
+    """sinks.handover on a real Hadoop file system: the rebuild waits for a running job's
+    answer (never for a job that is not running), the job holds until the switch is done,
+    and a request or a lease nobody renews stops counting."""
+    import threading
+    import time
+
+    from sinks import handover
+    from sinks.store import SinkStopped
+
+    root = str(tmp_path / "warehouse")
+    live = handover.LiveSide(spark, root, "delta")
+
+    # no job running (no lease): the rebuild does not wait; a job starting now finds the request
+    alone = handover.RebuildSide(spark, root, "delta")
+    alone.request()
+    assert alone.wait_for_live(lambda: False) == "not running"
+    assert live.requested()
+    alone.release()
+    assert not live.requested()
+
+    # a running job (its lease): the rebuild waits for its answer, and the job holds until released
+    live.beat()
+    rebuild = handover.RebuildSide(spark, root, "delta")
+    rebuild.request()
+    with pytest.raises(SinkStopped, match="while it waited for `cdc sink delta` to pause; current/ is untouched"):
+        rebuild.wait_for_live(lambda: True)
+    went_on = threading.Event()
+    job = threading.Thread(target=lambda: (live.hold(lambda: False), went_on.set()), daemon=True)
+    job.start()
+    assert rebuild.wait_for_live(lambda: False) == "paused"
+    time.sleep(2 * handover.POLL_S)
+    assert not went_on.is_set() and rebuild.held()
+    rebuild.release()
+    assert went_on.wait(10)
+    assert not (tmp_path / "warehouse" / "_cdc" / "rebuild" / "paused").exists()
+
+    # a job that ended leaves no lease; one killed leaves a lease that goes stale
+    live.end()
+    assert handover.RebuildSide(spark, root, "delta").wait_for_live(lambda: False) == "not running"
+    monkeypatch.setattr(handover, "STALE_S", 1.0)
+    live._beat = 0.0
+    live.beat()
+    time.sleep(1.5)
+    assert handover.RebuildSide(spark, root, "delta").wait_for_live(lambda: False) == "not running"
+
+    # a request its rebuild stopped renewing: the job removes it and goes on; the rebuild sees it lost it
+    monkeypatch.setattr(handover, "LEASE_S", 60.0)
+    stalled = handover.RebuildSide(spark, root, "delta")
+    stalled.request()
+    time.sleep(1.5)
+    assert not live.requested()
+    assert not stalled.held()
+    stalled.release()

@@ -1,0 +1,144 @@
+"""`cdc delta rebuild`: the warehouse's `current/` again from the topics, beside the one
+readers use, then switched table by table.
+
+`current/` is what a compacted topic restores (the latest row of every key); `changes/`
+and `history/` are logs the topic no longer holds whole (`cdc delta rebuild-history`
+rebuilds history/ from changes/). The rebuild is the Delta job under the name
+`delta-rebuild`, writing only `current/` tables, under `<path>/_cdc/rebuild/current/`,
+with its own checkpoint and bookkeeping (`<path>/_cdc/rebuild/delta-rebuild.json`).
+
+The switch, with a running `cdc sink delta` paused between two of its batches
+(sinks.handover): the rebuilt tables read the topics up to exactly the offsets the live
+job planned last, then each `current/<schema>/<table>` gets one Delta commit that
+overwrites its rows with the rebuilt table's. Readers read the version before it until it
+commits (time travel keeps it). Both sides then reflect the same records, so the live job
+goes on from its own offsets: a batch it planned before the pause and reads again applies
+what the rebuilt table holds already, and its MERGE is position-guarded. No pass of the
+rebuild writes `current/` itself: `current/` keeps no deletes, so a pass applying offsets
+the live job had applied already could bring back a row a later delete removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from pyspark.sql import SparkSession
+
+from cdc.config import Config
+from sinks import checkpoint as checkpoints
+from sinks import hadoop
+from sinks.batch import TableBatch
+from sinks.delta import DeltaStore
+from sinks.handover import STALE_S, RebuildSide
+from sinks.pipeline import SinkJob
+from sinks.runner import checkpoint
+from sinks.store import SinkStopped
+from sinks.topics import read_range
+
+log = logging.getLogger(__name__)
+
+NAME = "delta-rebuild"
+LIVE = "delta"  # the live job's name: its checkpoint, its lease
+
+
+class CurrentOnly(DeltaStore):
+    """A Delta store that writes `current/` alone, under the rebuild's folder."""
+
+    def __init__(self, spark: SparkSession, root: str) -> None:
+        super().__init__(spark, root, NAME)
+        self.record = f"{root.rstrip('/')}/{NAME}.json"
+        self.handover = None  # the rebuild does not pause for itself
+
+    def steps(self) -> tuple[Callable[[TableBatch], None], ...]:
+        return (self._current_alone,)
+
+    def _current_alone(self, batch: TableBatch) -> None:
+        self._write("current", self._current, batch)
+
+
+class Rebuild:
+    """The rebuild's folder under the warehouse, and the switch."""
+
+    name = NAME
+    last_pass = False  # the live job is paused through the switch: nothing to bring after it
+
+    def __init__(self, spark: SparkSession, config: Config, stop: Callable[[], bool]) -> None:
+        self.spark = spark
+        self.config = config
+        self.stop = stop
+        self.path = config.delta.path.rstrip("/")
+        self.root = f"{self.path}/_cdc/rebuild"
+        self.marker = f"{self.root}/swapped"  # every table switched: what is left is the clean-up
+
+    def store(self, swapped: bool) -> CurrentOnly:
+        assert not swapped, "the Delta rebuild has no pass after its switch"
+        return CurrentOnly(self.spark, self.root)
+
+    def swapped(self) -> bool:
+        return hadoop.read_bytes(self.spark, self.marker) is not None
+
+    def prepare(self, resumed: bool) -> None:
+        """A new rebuild (no checkpoint): what an unfinished one left goes."""
+        if not resumed:
+            hadoop.delete(self.spark, self.root)
+
+    def swap(self) -> list[tuple[str, int]]:
+        """With the live job paused (or not running): the rebuilt tables up to its offsets,
+        then each one's rows into its `current/` table, one commit per table; (table path,
+        rows) of each."""
+        handover = RebuildSide(self.spark, self.path, LIVE)
+        handover.request()
+        try:
+            live = handover.wait_for_live(self.stop)
+            log.info("cdc sink delta %s; the rebuilt tables catch up to its offsets", live)
+            self._catch_up()
+            done = []
+            for rebuilt in DeltaStore(self.spark, self.root).tables(("current",)):
+                if not handover.held():
+                    raise SinkStopped("the rebuild's request to pause `cdc sink delta` went stale (the rebuild was "
+                                      f"stalled for over {STALE_S:.0f} s) and the job went on; the tables switched so "
+                                      "far are whole: run `cdc delta rebuild` again")
+                target = f"{self.path}/current/{rebuilt.rsplit('/_cdc/rebuild/current/', 1)[1]}"
+                done.append((target, self._replace(rebuilt, target)))
+            hadoop.write_bytes(self.spark, self.marker, b"1")
+            return done
+        finally:
+            handover.release()
+
+    def _catch_up(self) -> None:
+        """One batch into the rebuilt tables from where their passes ended up to where the
+        live job's last planned batch ends (partitions the rebuild read further stay as they
+        are: the live job reads them again, position-guarded)."""
+        live = checkpoints.offsets(self.spark, checkpoint(self.config, LIVE))
+        if live is None:
+            return  # the live job never started: it reads everything, from the earliest offsets
+        mine = checkpoint(self.config, NAME)
+        committed = checkpoints.last_committed(self.spark, mine)
+        read = (checkpoints.offsets(self.spark, mine, committed) if committed is not None else None) or {}
+        start: dict[str, dict[int, int]] = {}
+        end: dict[str, dict[int, int]] = {}
+        for topic, parts in live.items():
+            for part, offset in parts.items():
+                have = read.get(topic, {}).get(part, -2)
+                if (have == -2 and offset > 0) or 0 <= have < offset:
+                    start.setdefault(topic, {})[part] = have
+                    end.setdefault(topic, {})[part] = offset
+        if not end:
+            return
+        job = SinkJob(self.spark, self.config, CurrentOnly(self.spark, self.root))  # one batch: a stop waits for it
+        try:
+            job.begin(mine)
+            job(read_range(self.spark, self.config.topic, start, end), 0 if committed is None else committed + 1)
+        finally:
+            job.close()
+
+    def _replace(self, rebuilt: str, target: str) -> int:
+        """One commit replacing `target`'s rows by `rebuilt`'s (new columns added)."""
+        rows = self.spark.read.format("delta").load(rebuilt).localCheckpoint(eager=True)
+        rows.write.format("delta").mode("overwrite").option("mergeSchema", "true").save(target)
+        log.info("%s: replaced by the rebuilt table %s", target, rebuilt)
+        return rows.count()
+
+    def finish(self) -> None:
+        hadoop.delete(self.spark, self.root)
