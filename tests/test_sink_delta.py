@@ -132,6 +132,11 @@ def _table(spark: SparkSession, warehouse: Path, kind: str, table: str = "wide")
     return spark.read.format("delta").load(str(warehouse / kind / "public" / table))
 
 
+def _changes(spark: SparkSession, warehouse: Path, topic: str) -> Any:
+    """One table's records in the warehouse's change log (one Delta table for the prefix)."""
+    return spark.read.format("delta").load(str(warehouse / "changes")).where(f"_cdc_topic = '{topic}'")
+
+
 def _current_view(spark: SparkSession, warehouse: Path) -> list[tuple]:
     _table(spark, warehouse, "current").createOrReplaceTempView("current")
     rows = []
@@ -197,7 +202,7 @@ def test_current_changes_and_history_follow_the_source(
     # changes: one row per record of the topic, once
     topic = f"{topic_prefix}.public.wide"
     records = list(read_topic(TopicConfig(bootstrap_servers=broker_servers), topic))
-    changes = _table(spark, warehouse, "changes")
+    changes = _changes(spark, warehouse, topic)
     coords = sorted((r["_cdc_partition"], r["_cdc_offset"]) for r in changes.collect())
     assert coords == sorted((r.partition, r.offset) for r in records)
 
@@ -349,7 +354,7 @@ def _check_exactly_once(spark: SparkSession, warehouse: Path, db: Any, servers: 
     source = {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct")}
     assert _acct_state(spark, warehouse) == source
     records = list(read_topic(TopicConfig(bootstrap_servers=servers), f"{prefix}.public.acct"))
-    changes = _table(spark, warehouse, "changes", "acct").select("_cdc_partition", "_cdc_offset").collect()
+    changes = _changes(spark, warehouse, f"{prefix}.public.acct").select("_cdc_partition", "_cdc_offset").collect()
     assert sorted(tuple(r) for r in changes) == sorted((r.partition, r.offset) for r in records)
     versions = sorted(
         (r.partition, r.offset) for r in records
@@ -396,14 +401,52 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
     done = cdc("delta", "optimize", "--config", str(config), timeout=SINK_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     # every table is optimized (the job's own compaction may have left nothing to do: "0 files compacted into 0")
-    for kind in ("current", "changes", "history"):
-        assert re.search(rf"{re.escape(str(warehouse))}/{kind}/public/acct: \d+ files compacted into \d+", done.stdout)
+    for table in ("current/public/acct", "changes", "history/public/acct"):
+        assert re.search(rf"{re.escape(str(warehouse))}/{table}: \d+ files compacted into \d+", done.stdout)
     done = cdc("delta", "rebuild-history", "--config", str(config), timeout=SINK_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"public.acct: {len(history)} versions" in done.stdout
     rebuilt = sorted(tuple(r) for r in _table(spark, warehouse, "history", "acct").select(*history_columns).collect())
     assert rebuilt == history
     _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
+
+    # a warehouse written by cdc before the one change log: the job stops and says how to move it
+    moved = _as_per_table_changes(spark, warehouse, tmp_path / "checkpoints")
+    err = sink.once(exit_code=1)
+    assert (
+        f"error: the Delta warehouse at {warehouse} keeps changes/ per table (cdc before the one change log): stop "
+        "the delta sink and run `cdc delta migrate --config <file>` once, which moves it to the one change log"
+    ) in err.splitlines()
+    done = cdc("delta", "migrate", "--config", str(config), timeout=SINK_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        f"changes/public/acct: {moved} rows moved into {warehouse}/changes", "delta migrate: 1 change tables moved"
+    ]
+    assert not (warehouse / "_cdc" / "changes-per-table").exists()
+    sink.once(env=big_batches)  # the history query reads the whole log again: its watermarks skip what it has
+    _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
+    done = cdc("delta", "migrate", "--config", str(config), timeout=SINK_TIMEOUT_S)
+    assert done.stdout.strip() == f"delta migrate: nothing to move, {warehouse}/changes is the change log already"
+
+
+def _as_per_table_changes(spark: SparkSession, warehouse: Path, checkpoints: Path) -> int:
+    """The layout of cdc before the one change log: a Delta table per table under
+    `changes/<schema>/<table>`, and no history query's record or checkpoint; the rows moved."""
+    from sinks.envelope import CHANGE_COLUMNS
+
+    log = spark.read.format("delta").load(str(warehouse / "changes"))
+    topics = [r[0] for r in log.select("_cdc_topic").distinct().collect()]
+    count = 0
+    for topic in topics:
+        table = topic.rsplit(".", 1)[-1]
+        rows = log.where(f"_cdc_topic = '{topic}'").select(*CHANGE_COLUMNS)
+        rows.write.format("delta").save(str(warehouse / "per-table" / "public" / table))
+        count += rows.count()
+    shutil.rmtree(warehouse / "changes")
+    (warehouse / "per-table").rename(warehouse / "changes")
+    (warehouse / "_cdc" / "delta-history.json").unlink()
+    shutil.rmtree(checkpoints / "delta-history")
+    return count
 
 
 # --------------------------------------------------------------------------- on a cluster
@@ -431,7 +474,7 @@ def test_the_same_job_on_a_standalone_cluster(
     # the driver registered with the cluster, whose executors ran the batches
     assert "Registering app cdc-sink-delta" in (spark_cluster.work_dir / "master.log").read_text()
     records = list(read_topic(TopicConfig(bootstrap_servers=broker_servers), f"{topic_prefix}.public.acct"))
-    assert _table(spark, warehouse, "changes", "acct").count() == len(records)
+    assert _changes(spark, warehouse, f"{topic_prefix}.public.acct").count() == len(records)
     daemon.stop()
 
 
@@ -484,7 +527,7 @@ def test_correct_over_compaction_gaps_and_dropped_tombstones(
     sink.once()  # reads across the gaps; the deletes arrive as lone tombstones
     source = {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct")}
     assert _acct_state(spark, warehouse) == source
-    changes = _table(spark, warehouse, "changes", "acct").select("_cdc_partition", "_cdc_offset").collect()
+    changes = _changes(spark, warehouse, topic).select("_cdc_partition", "_cdc_offset").collect()
     assert sorted(tuple(r) for r in changes) == sorted(set(tuple(r) for r in changes))
 
     # tombstones dropped after delete.retention.ms. The cleaner stamps a tombstone's delete
