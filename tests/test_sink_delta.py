@@ -449,6 +449,78 @@ def _as_per_table_changes(spark: SparkSession, warehouse: Path, checkpoints: Pat
     return count
 
 
+# --------------------------------------------------------------------------- commits per batch
+
+
+def _commits(table: Path) -> int:
+    """The commits in a Delta table's log (`_delta_log/<version>.json`; none: 0)."""
+    return len(list((table / "_delta_log").glob("[0-9]*.json")))
+
+
+def test_a_batch_commits_once_per_table_it_touches_and_history_follows_by_its_own_query(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, spark: SparkSession
+) -> None:
+    tables = [f"t{i}" for i in range(5)]
+    for table in tables:
+        db.execute(f"CREATE TABLE public.{table} (id int PRIMARY KEY, v int NOT NULL)")
+        db.execute(f"INSERT INTO public.{table} SELECT g, 0 FROM generate_series(1, 20) g")
+    daemon, slot = run_daemon(["public.*"])
+    warehouse = tmp_path / "warehouse"
+    config = write_config(
+        tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.*"],
+        delta={"path": str(warehouse), "history_interval_s": 3600},  # streaming: one history batch, at the start
+        spark={"checkpoint_dir": str(tmp_path / "checkpoints"), "max_offsets_per_trigger": 1000000},
+    )
+    sink = Sink(config, tmp_path / "sink.log")
+    wait_caught_up(db.dsn, slot, daemon)
+    sink.once()
+
+    def commits() -> dict[str, int]:
+        counts = {"changes": _commits(warehouse / "changes")}
+        for table in tables:
+            for kind in ("current", "history"):
+                counts[f"{kind}/{table}"] = _commits(warehouse / kind / "public" / table)
+        return counts
+
+    # two of the five tables change, in several transactions: one batch of the job commits
+    # once per table it touched and once to the change log; history once per table it touched
+    before = commits()
+    for i in range(1, 6):
+        db.execute(f"UPDATE public.t1 SET v = {i} WHERE id <= {4 * i}")
+        db.execute(f"UPDATE public.t3 SET v = {i} WHERE id > {4 * i}")
+    db.execute("DELETE FROM public.t3 WHERE id = 20")
+    wait_caught_up(db.dsn, slot, daemon)
+    sink.once()
+    after = commits()
+    grown = {name: after[name] - before[name] for name in after if after[name] != before[name]}
+    assert grown == {"changes": 1, "current/t1": 1, "current/t3": 1, "history/t1": 1, "history/t3": 1}
+    assert "records of 2 tables" in (tmp_path / "sink.log").read_text()
+
+    # streaming: `current` follows at once, `history` waits for its own query's next batch
+    # ([delta] history_interval_s); the change log holds the records meanwhile
+    sink.start()
+    sink.next_batch()
+    db.execute("UPDATE public.t2 SET v = 7 WHERE id = 1")
+    wait_caught_up(db.dsn, slot, daemon)
+    topic = f"{topic_prefix}.public.t2"
+
+    def current_v() -> Any:
+        rows = _table(spark, warehouse, "current", "t2").where("id = 1").collect()
+        return rows[0]["v"] == 7
+
+    wait_for(current_v, SINK_TIMEOUT_S, "the update in current/")
+    # the batch appends to the change log after its current MERGEs
+    wait_for(lambda: _changes(spark, warehouse, topic).where("_cdc_op = 'u'").count() == 1, SINK_TIMEOUT_S,
+             "the update in the change log")
+    assert _table(spark, warehouse, "history", "t2").where("v = 7").count() == 0
+    assert sink.stop() == 0
+    sink.once()  # the history query to the end of the log
+    history = _table(spark, warehouse, "history", "t2").where("id = 1").orderBy("_cdc_valid_from_lsn").collect()
+    assert [(r["v"], r["_cdc_is_current"]) for r in history] == [(0, False), (7, True)]
+    assert (tmp_path / "checkpoints" / "delta-history" / "commits").is_dir()
+    daemon.stop()
+
+
 # --------------------------------------------------------------------------- on a cluster
 
 
