@@ -70,6 +70,7 @@ import random
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -132,7 +133,9 @@ INSERT_MARKER = f"INSERT INTO {FRESH_TABLE} (id, note, at) VALUES (%s, 'marker',
 MARKER_RANGE = 10_000_000  # the markers of freshness phase k are k * MARKER_RANGE + 1, 2, ...; warm-up ones negative
 WARMUP_IDS = 1_000  # the load's warm-up markers: -(k * MARKER_RANGE + WARMUP_IDS + 1), ...
 KIND_LINE = re.compile(r"sinks\.delta DEBUG (\S+): ((?:\w+ [0-9.]+ s(?:, )?)+)")
-BATCH_LINE = re.compile(r"batch (\d+): (\d+) records of (\d+) tables in ([0-9.]+) s")
+# the job's batches (the CLI's log and a bench child's format), and Delta's history query's
+BATCH_LINE = re.compile(r"(?:INFO |: )batch (\d+): (\d+) records of (\d+) tables in ([0-9.]+) s")
+HISTORY_LINE = re.compile(r"delta-history batch (\d+): (\d+) records of \d+ tables in ([0-9.]+) s")
 
 
 def table_names(n: int) -> list[str]:
@@ -164,10 +167,21 @@ class StoreBench:
         """What `check` should find after applying the backlog."""
         return {}
 
-    def visible(self, config_path: str, base: int) -> Any:
+    #: what the freshness readers look at, each apart (Delta: `current` and `history`)
+    views: tuple[str, ...] = ("",)
+
+    def visible(self, config_path: str, base: int, view: str) -> Any:
         """In the reader child: a callable returning the marker ids visible now (None: nothing
         new since the last call); this phase's are base+1, base+2, ... and -(base+1) ..."""
         raise NotImplementedError
+
+    def streaming_argv(self, config: Path) -> list[str]:
+        """The streaming sink of the freshness phase."""
+        return [sys.executable, "-m", "cdc", "sink", self.name, "--config", str(config)]
+
+    def commits(self, config_path: Path) -> dict[str, int]:
+        """Delta: the commits in the logs of the store's tables so far, per kind (others: none)."""
+        return {}
 
     def close(self) -> None:
         """Stop what `sections` started (the bench ends with os._exit: no atexit runs)."""
@@ -226,9 +240,12 @@ class DeltaLog:
             return Path(unquote(urlparse(name).path))
         return self.path / unquote(name)
 
-    def rows(self) -> int:
+    def rows(self, keep: Callable[[dict[str, Any]], bool] = lambda add: True) -> int:
+        """Rows of the live files (those `keep` takes: an add action, its partitionValues)."""
         total = 0
         for add in self.files.values():
+            if not keep(add):
+                continue
             stats = json.loads(add.get("stats") or "{}")
             if "numRecords" in stats:
                 total += int(stats["numRecords"])
@@ -248,19 +265,44 @@ class DeltaLog:
         return pq.read_table(self.file_path(file), columns=[physical]).column(physical).to_pylist()
 
 
+def log_commits(table: Path) -> int:
+    """The commits of a Delta table (its log's `<version>.json`)."""
+    return len(list((table / "_delta_log").glob("[0-9]*.json")))
+
+
 class DeltaBench(StoreBench):
     name = "delta"
+    views = ("current", "history")
+    history_interval_s = 30.0  # the bench's --history-interval
+    kinds: tuple[str, ...] = ("current", "changes", "history")
+
+    def commits(self, config_path: Path) -> dict[str, int]:
+        from cdc.config import load as load_config
+
+        root = Path(load_config(str(config_path)).delta.path)
+        out = {}
+        for kind in self.kinds:
+            if kind == "changes":
+                out[kind] = log_commits(root / "changes")
+            else:
+                out[kind] = sum(log_commits(t) for schema in (root / kind).glob("*") for t in schema.glob("*"))
+        return out
 
     def sections(self, run_dir: Path) -> dict[str, dict[str, Any]]:
-        return {"delta": {"path": str(run_dir / "warehouse")}}
+        return {"delta": {"path": str(run_dir / "warehouse"), "history_interval_s": self.history_interval_s}}
 
     def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
         from cdc.config import load as load_config
-        from sinks.delta import KINDS, table_path
+        from sinks.delta import log_path, table_path
 
         root = load_config(str(config_path)).delta.path
         out: dict[str, Any] = {}
-        for kind in KINDS:
+        for kind in ("current", "changes", "history"):
+            if kind == "changes":
+                log = DeltaLog(log_path(root))
+                log.update()
+                out[kind] = log.rows(lambda add: add["partitionValues"]["_cdc_topic"] in topics)
+                continue
             total = 0
             for topic in topics:
                 log = DeltaLog(table_path(root, kind, topic))
@@ -273,12 +315,16 @@ class DeltaBench(StoreBench):
         w = bench.workload
         return {"current": w.inserts, "changes": w.inserts + w.updates, "history": w.inserts + w.updates}
 
-    def visible(self, config_path: str, base: int) -> Any:
+    def marker_table(self, config_path: str, view: str) -> str:
         from cdc.config import load as load_config
         from sinks.delta import table_path
 
-        root = load_config(config_path).delta.path
-        log = DeltaLog(table_path(root, "current", topic_name(PREFIX, "public", FRESH_TABLE)))
+        return table_path(load_config(config_path).delta.path, view, topic_name(PREFIX, "public", FRESH_TABLE))
+
+    def visible(self, config_path: str, base: int, view: str) -> Any:
+        """The marker table's live files and their ids, from its Delta log (markers are only
+        inserted: each has one version in `history`)."""
+        log = DeltaLog(self.marker_table(config_path, view))
         ids_of: dict[str, list[int]] = {}  # live file -> its ids
 
         def poll() -> tuple[list[int], float] | None:
@@ -294,6 +340,36 @@ class DeltaBench(StoreBench):
             return [i for ids in ids_of.values() for i in ids], now
 
         return poll
+
+
+class TextbookBench(DeltaBench):
+    """The job a Spark user writes instead (bench/textbook.py): `foreachBatch`, the latest change
+    per key, one Delta MERGE per source table; only the current state, at `<run>/textbook`."""
+
+    name = "textbook"
+    views = ("current",)
+    kinds = ("current",)
+
+    def sections(self, run_dir: Path) -> dict[str, dict[str, Any]]:
+        return {"delta": {"path": str(run_dir / "textbook")}}
+
+    def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
+        from cdc.config import load as load_config
+        from sinks.delta import table_path
+
+        root = load_config(str(config_path)).delta.path
+        total = 0
+        for topic in topics:
+            log = DeltaLog(table_path(root, "current", topic))
+            log.update()
+            total += log.rows()
+        return {"current": total}
+
+    def expected(self, bench: SinksBench) -> dict[str, Any]:
+        return {"current": bench.workload.inserts}
+
+    def streaming_argv(self, config: Path) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve().parent / "textbook.py"), "--config", str(config)]
 
 
 class CacheBench(StoreBench):
@@ -344,7 +420,7 @@ class CacheBench(StoreBench):
     def expected(self, bench: SinksBench) -> dict[str, Any]:
         return {"rows": bench.workload.inserts}
 
-    def visible(self, config_path: str, base: int) -> Any:
+    def visible(self, config_path: str, base: int, _view: str) -> Any:
         """GETs of the next markers (ids count up from base + 1; the warm-up ones are negative)."""
         import redis
 
@@ -435,7 +511,7 @@ class SearchBench(StoreBench):
     def expected(self, bench: SinksBench) -> dict[str, Any]:
         return {"rows": bench.workload.inserts}
 
-    def visible(self, config_path: str, base: int) -> Any:
+    def visible(self, config_path: str, base: int, _view: str) -> Any:
         """A search for the next markers by _id: visible means searchable (refreshed), not
         merely stored."""
         from sinks.search_shapes import alias_name
@@ -462,7 +538,9 @@ class SearchBench(StoreBench):
         return poll
 
 
-STORES: dict[str, type[StoreBench]] = {"delta": DeltaBench, "search": SearchBench, "cache": CacheBench}
+STORES: dict[str, type[StoreBench]] = {
+    "delta": DeltaBench, "search": SearchBench, "cache": CacheBench, "textbook": TextbookBench,
+}
 
 
 # --------------------------------------------------------------------------- results
@@ -488,6 +566,8 @@ class SparkRun:
     python_cpu_s: float | None = None  # the executors' Python workers over the query (PythonCpu)
     server_cpu_s: float | None = None  # the store's own server (search, cache) over the query
     broker_cpu_s: float | None = None  # the Kafka broker over the query
+    current_s: float | None = None  # Delta: the job's query alone (current and the change log), then history's
+    current_cpu_s: float | None = None
     check: dict[str, Any] = field(default_factory=dict)
     expected: dict[str, Any] = field(default_factory=dict)
     error: str = ""
@@ -565,6 +645,8 @@ class Alone:
 class Freshness:
     store: str
     offered_tps: int
+    view: str = ""  # what the reader looked at (Delta: current, history)
+    run: int = 0  # the freshness phase's number (runs alternate between stores)
     seconds: float = 0.0
     transactions: int = 0
     markers: int = 0
@@ -574,8 +656,15 @@ class Freshness:
     sink_cpu_s: float | None = None
     machine_busy_cores: float | None = None
     batches: list[tuple[int, int, float]] = field(default_factory=list)
+    history_batches: list[tuple[int, int, float]] = field(default_factory=list)  # Delta's history query
+    commits: dict[str, int] = field(default_factory=dict)  # Delta: commits per table kind while the sink ran
+    tables: list[int] = field(default_factory=list)  # the job's batches: the tables each read
     error: str = ""
     command: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.store} {self.view}" if self.view and self.view != "current" else self.store
 
     @property
     def achieved_tps(self) -> float:
@@ -591,6 +680,7 @@ class SinksBench(Bench):
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
+        DeltaBench.history_interval_s = args.history_interval
         self.tables = table_names(args.tables)
         self.topics = [topic_name(PREFIX, "public", t) for t in self.tables]
         self.stores = [STORES[s]() for s in args.stores]
@@ -824,6 +914,9 @@ class SinksBench(Bench):
                     window.groups = {"spark": proc.pid, "server": server, "broker": broker}
                     window.start()
                     python.start(proc.pid)
+                elif kind == "current_end":  # Delta: the job's query ended, history's starts
+                    now, before = group_cpu_seconds(proc.pid), window._p0.get("spark")
+                    marks["current_cpu"] = now - before if now is not None and before is not None else None
                 elif kind == "query_end":
                     window.stop()
                     marks["python"] = python.stop()
@@ -850,6 +943,7 @@ class SinksBench(Bench):
         run.server_cpu_s, run.broker_cpu_s = marks.get("server"), marks.get("broker")
         run.read = end.get("read")
         run.store_s, run.store_cpu_s = end.get("store_s"), end.get("store_cpu")
+        run.current_s, run.current_cpu_s = events.get("current_end", {}).get("seconds"), marks.get("current_cpu")
         if run.phase in ("apply", "rebuild") and not run.error and proc.returncode == 0:
             store = STORES[run.store]()
             run.check = store.check(config, self.topics)
@@ -910,34 +1004,43 @@ class SinksBench(Bench):
         a = self.args
         applied = self.last_dir.get(store.name)
         name = applied.stem if applied is not None else f"fresh-{store.name}"
+        run = len({f.run for f in self.fresh.values()}) + 1  # this phase's number: its marker ids, its logs
         # the apply run's checkpoint and store: the sink goes on from the end of the backlog
         config = self.config(name, store, trigger_interval_s=a.trigger_interval,
                              max_offsets_per_trigger=a.max_offsets[0])
-        result = self.fresh[store.name] = Freshness(store.name, a.fresh_rate)
-        self.log(f"freshness ({store.name}): {a.fresh_rate:,} tx/s for {a.fresh_warmup} s of warm-up, then "
-                 f"{a.fresh_seconds} s measured")
-        daemon, daemon_log, _ = self.start_daemon_config(config, f"fresh-{store.name}")
-        argv = [sys.executable, "-m", "cdc", "sink", store.name, "--config", str(config)]
+        results = {view: Freshness(store.name, a.fresh_rate, view=view, run=run) for view in store.views}
+        for result in results.values():
+            self.fresh[f"{run}: {result.label}"] = result
+        result = next(iter(results.values()))  # the first view's holds what the views share
+        self.log(f"freshness ({store.name}, run {run}): {a.fresh_rate:,} tx/s for {a.fresh_warmup} s of warm-up, "
+                 f"then {a.fresh_seconds} s measured")
+        daemon, daemon_log, _ = self.start_daemon_config(config, f"fresh-{run}-{store.name}")
+        argv = store.streaming_argv(config)
         result.command = shlex.join(argv)
-        sink_log = self.workdir / f"fresh-{store.name}-sink.log"
+        sink_log = self.workdir / f"fresh-{run}-{store.name}-sink.log"
+        commits_before = store.commits(config)
         with sink_log.open("wb") as log:
             t_sink = time.monotonic()
             sink = self.procs.start(f"sink {store.name}", argv, stdout=log, stderr=subprocess.STDOUT,
                                     cwd=self.workdir / name)
         ctx = multiprocessing.get_context("spawn")
-        parent, child_end = ctx.Pipe()
-        base = MARKER_RANGE * len(self.fresh)  # this phase's marker ids: the table keeps the earlier phases'
-        reader = ctx.Process(target=reader_child, args=(child_end, store.name, str(config), a.poll_ms / 1000, base),
-                             name=f"bench-{store.name}-reader")
-        self.procs.child(reader)
-        reader.start()
-        child_end.close()
+        base = MARKER_RANGE * run  # this phase's marker ids: the table keeps the earlier phases'
+        readers = {}
+        for view in store.views:
+            parent, child_end = ctx.Pipe()
+            reader = ctx.Process(target=reader_child, name=f"bench-{store.name}-{view}-reader",
+                                 args=(child_end, store.name, view, str(config), a.poll_ms / 1000, base))
+            self.procs.child(reader)
+            reader.start()
+            child_end.close()
+            readers[view] = (parent, reader)
         commits: dict[int, float] = {}
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 for warm in range(1, 6):  # negative ids: not measured
                     conn.execute(INSERT_MARKER, (-(base + warm),))
                 deadline = time.monotonic() + 900
+                parent, reader = readers[store.views[0]]  # the load starts when the first view has caught up
                 while not parent.poll(0.5):
                     if sink.poll() is not None:
                         raise BenchError(f"the sink exited with {sink.returncode}: see {sink_log}")
@@ -952,26 +1055,32 @@ class SinksBench(Bench):
                 self.log(f"freshness: sink streaming, warm-up visible {result.startup_s:.0f} s after its start")
                 time.sleep(2)
                 result.transactions, result.seconds, commits = self.paced_writes(conn, sink, result, base)
-            result.markers = len(commits)
             self.log(f"freshness: offered {result.transactions:,} transactions in {result.seconds:.1f} s "
                      f"({result.achieved_tps:,.0f}/s); waiting for the last markers")
-            parent.send({"wait_for": len(commits), "timeout": a.drain_seconds})
-            done = recv(parent, reader, a.drain_seconds + 120)
-            if done.get("error"):
-                raise BenchError(f"reader: {done['error']}")
-            seen: dict[int, float] = done["seen"]
-            result.latencies_s = [seen[i] - t for i, t in commits.items() if i in seen]
-            result.missing = sum(1 for i in commits if i not in seen)
+            for parent, _ in readers.values():
+                parent.send({"wait_for": len(commits), "timeout": a.drain_seconds})
+            for view, (parent, reader) in readers.items():
+                done = recv(parent, reader, a.drain_seconds + 120)
+                while "warm" in done:  # a later view's warm-up sighting, before its answer
+                    done = recv(parent, reader, a.drain_seconds + 120)
+                if done.get("error"):
+                    raise BenchError(f"reader ({view}): {done['error']}")
+                seen: dict[int, float] = done["seen"]
+                shown = results[view]
+                shown.markers = len(commits)
+                shown.latencies_s = [seen[i] - t for i, t in commits.items() if i in seen]
+                shown.missing = sum(1 for i in commits if i not in seen)
         except BenchError as exc:
             result.error = str(exc)
             self.failed = True
             self.log(f"freshness FAILED: {exc}")
         finally:
-            with contextlib.suppress(Exception):
-                parent.send({"stop": True})
-            reader.join(30)
-            if reader.is_alive():
-                reader.kill()
+            for parent, reader in readers.values():
+                with contextlib.suppress(Exception):
+                    parent.send({"stop": True})
+                reader.join(30)
+                if reader.is_alive():
+                    reader.kill()
             # SIGTERM to the driver alone: the job's StopSignal lets the running batch finish.
             # Not to the group: the JVM would die under the running batch. Not SIGINT: pyspark's
             # SparkContext replaces the SIGINT handler (cancel every job, KeyboardInterrupt).
@@ -985,10 +1094,18 @@ class SinksBench(Bench):
             self.stop_daemon(daemon, daemon_log)
         text = sink_log.read_text(errors="replace")
         result.batches = [(int(b), int(n), float(s)) for b, n, _t, s in BATCH_LINE.findall(text)]
-        if result.latencies_s:
-            self.log(f"freshness ({store.name}): p50 {pct(result.latencies_s, 50):.2f} s, p99 "
-                     f"{pct(result.latencies_s, 99):.2f} s over {len(result.latencies_s):,} markers, "
-                     f"{result.missing} missing")
+        result.commits = {k: v - commits_before.get(k, 0) for k, v in store.commits(config).items()}
+        result.tables = [int(t) for _b, _n, t, _s in BATCH_LINE.findall(text)]
+        for shown in results.values():
+            shown.transactions, shown.seconds = result.transactions, result.seconds
+            shown.sink_cpu_s, shown.machine_busy_cores = result.sink_cpu_s, result.machine_busy_cores
+            shown.startup_s, shown.batches, shown.command = result.startup_s, result.batches, result.command
+            shown.commits, shown.tables = result.commits, result.tables
+            shown.history_batches = [(int(b), int(n), float(s)) for b, n, s in HISTORY_LINE.findall(text)]
+            if shown.latencies_s:
+                self.log(f"freshness ({shown.label}): p50 {pct(shown.latencies_s, 50):.2f} s, p99 "
+                         f"{pct(shown.latencies_s, 99):.2f} s over {len(shown.latencies_s):,} markers, "
+                         f"{shown.missing} missing")
 
     def paced_writes(self, conn: psycopg.Connection, sink: subprocess.Popen,
                      result: Freshness, base: int) -> tuple[int, float, dict[int, float]]:
@@ -1054,13 +1171,15 @@ class SinksBench(Bench):
             del rows
         for max_offsets in self.args.max_offsets:
             self.run_ceiling(max_offsets)
-            for store in self.stores:
-                self.run_apply(store, max_offsets)
+            for _ in range(self.args.repeat):  # A/B/A/B: the stores alternate, back to back
+                for store in self.stores:
+                    self.run_apply(store, max_offsets)
             if "search" in self.last_dir and not self.args.skip_rebuild:
                 self.run_rebuild(max_offsets)
         if not self.args.skip_freshness:
-            for store in self.stores:
-                self.run_freshness(store)
+            for _ in range(self.args.repeat):
+                for store in self.stores:
+                    self.run_freshness(store)
         self.load_after = os.getloadavg()
 
     # -- the report ---------------------------------------------------------------------------------
@@ -1114,12 +1233,14 @@ class SinksBench(Bench):
         for f in self.fresh.values():
             lat = f.latencies_s
             if f.error and not lat:
-                out.append(f"| freshness: {f.store} | | | **FAILED**: {f.error[:300]} | | | | | | |")
+                out.append(f"| freshness: {f.label} (run {f.run}) | | | **FAILED**: {f.error[:300]} | | | | | | |")
+                continue
+            if f.view not in ("", "current"):  # its run's row is the current view's
                 continue
             cores = f"{_f(f.sink_cpu_s)} ({f.sink_cpu_s / f.seconds:.2f})" if f.sink_cpu_s and f.seconds else "-"
             slowest = max((s for _b, _n, s in f.batches), default=None)
             out.append(
-                f"| freshness: {f.store}, {f.offered_tps:,} tx/s offered ({f.achieved_tps:,.0f} achieved) after "
+                f"| freshness: {f.store} (run {f.run}), {f.offered_tps:,} tx/s offered ({f.achieved_tps:,.0f} achieved) after "
                 f"{_f(a.fresh_warmup)} s of warm-up | "
                 f"{a.max_offsets[0]:,} | {f.transactions:,} tx | {f.seconds:.1f} | - | - | {_f(f.startup_s)} (to first "
                 f"visible) | {len(f.batches)} ({_f(slowest)}) | {cores} | {_f(f.machine_busy_cores)} |"
@@ -1142,13 +1263,18 @@ class SinksBench(Bench):
             if not f.latencies_s:
                 continue
             p99 = pct(f.latencies_s, 99)
-            goal = STORES[f.store].fresh_target_s
+            goal = STORES[f.store].fresh_target_s if f.store in ("delta", "search", "cache") and f.view in (
+                "", "current") else None
+            verdict = "-" if goal is None else (
+                f"p99 < {goal} s ({'met' if p99 < goal and not f.missing else '**missed**'})")
             out.append(
-                f"| {f.store} commit-to-visible p50 / p99 / max, {len(f.latencies_s):,} markers"
+                f"| {f.label} commit-to-visible p50 / p99 / max (run {f.run}), {len(f.latencies_s):,} markers"
                 f"{f', {f.missing} never seen' if f.missing else ''} | {pct(f.latencies_s, 50):.2f} / {p99:.2f} / "
-                f"{max(f.latencies_s):.2f} s | p99 < {goal} s ({'met' if p99 < goal and not f.missing else '**missed**'}) |"
+                f"{max(f.latencies_s):.2f} s | {verdict} |"
             )
         out += self.room_measures(ceilings)
+        out += self.commits_report()
+        out += self.textbook_report()
         out += self.alone_report(ceilings)
         out += self.python_report()
         out.append("")
@@ -1265,6 +1391,66 @@ class SinksBench(Bench):
             out.append(f"| {r.store} apply / the room its server alone leaves, maxOffsetsPerTrigger {r.max_offsets:,} "
                        f"| {share:.2f} ({r.rate / ceiling.rate:.2f} / {room:.2f}) | >= 0.8 "
                        f"({'met' if share >= 0.8 else '**missed**'}) |")
+
+    def commits_report(self) -> list[str]:
+        """Delta commits of each freshness run (the sink's whole life: its start, the warm-up, the
+        load, the drain), per micro-batch of the job that wrote them."""
+        runs = [f for f in self.fresh.values() if f.commits and f.view in ("", "current")]
+        if not runs:
+            return []
+        out = ["", "| Delta commits while streaming (run) | job batches with records | tables touched per batch "
+               "(mean) | `current` commits | change log commits | commits per job batch | history batches | "
+               "history commits (per history batch) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for f in runs:
+            book = f.store == "textbook"  # its log says nothing of its records: every batch counts
+            batches = f.batches if book else [b for b in f.batches if b[1] > 0]
+            touched = "-" if book or not f.tables else f"{statistics.mean(t for t in f.tables if t):.1f}"
+            current, log = f.commits.get("current", 0), f.commits.get("changes", 0)
+            per_batch = f"{(current + log) / len(batches):.2f}" if batches else "-"
+            hist, hist_commits = len(f.history_batches), f.commits.get("history")
+            history = "-" if hist_commits is None else (
+                f"{hist_commits} ({hist_commits / hist:.2f})" if hist else str(hist_commits))
+            out.append(f"| {f.store} (run {f.run}) | {len(batches)} | {touched} | {current} | "
+                       f"{log if 'changes' in f.commits else '-'} | {per_batch} | {hist if not book else '-'} | "
+                       f"{history} |")
+        out += ["", "Commits counted as the `<version>.json` files the tables' `_delta_log` gained from the sink's "
+                "start to its stop (the job's compaction every 50 writes of a table included)."]
+        return out
+
+    def textbook_report(self) -> list[str]:
+        """cdc's whole warehouse against the textbook job (current state only), run by run: CPU per
+        change of the backlog, and of the freshness load."""
+        applies = [r for r in self.runs if r.phase == "apply" and r.store in ("delta", "textbook") and r.cpu_s]
+        fresh = [f for f in self.fresh.values() if f.store in ("delta", "textbook") and f.view in ("", "current")]
+        if not any(r.store == "textbook" for r in applies) and not any(f.store == "textbook" for f in fresh):
+            return []
+        out = ["", "| A/B run (in the order run) | seconds | Spark CPU s | CPU µs per change | of it, the job's "
+               "query (current + change log): s, CPU s | history query: s, CPU s |", "|---|---:|---:|---:|---:|---:|"]
+        for r in applies:
+            assert r.cpu_s is not None and r.seconds is not None
+            split = hist = "-"
+            if r.current_s is not None and r.current_cpu_s is not None:
+                split = f"{r.current_s:.1f}, {r.current_cpu_s:.1f}"
+                hist = f"{r.seconds - r.current_s:.1f}, {r.cpu_s - r.current_cpu_s:.1f}"
+            out.append(f"| apply {r.store}, maxOffsetsPerTrigger {r.max_offsets:,} | {r.seconds:.1f} | {r.cpu_s:.1f} | "
+                       f"{r.cpu_s / r.records * 1e6:,.0f} | {split} | {hist} |")
+        for f in fresh:
+            if f.sink_cpu_s and f.transactions:
+                out.append(f"| freshness {f.store} (run {f.run}), {f.transactions:,} transactions | {f.seconds:.1f} | "
+                           f"{f.sink_cpu_s:.1f} | {f.sink_cpu_s / f.transactions * 1e6:,.0f} | - | - |")
+
+        def ratios(items: list[Any], pick: Callable[[Any], float]) -> str:
+            cdc = [pick(x) for x in items if x.store == "delta"]
+            book = [pick(x) for x in items if x.store == "textbook"]
+            if not cdc or not book:
+                return "-"
+            middle = statistics.median(cdc) / statistics.median(book)
+            return f"{middle:.2f} (medians; {min(cdc) / max(book):.2f}-{max(cdc) / min(book):.2f} over the runs)"
+
+        busy = [f for f in fresh if f.sink_cpu_s and f.transactions]
+        out += ["", "cdc's CPU per change (the whole warehouse: current, the change log and history) over the "
+                "textbook job's (current only): backlog " + ratios(applies, lambda r: r.cpu_s / r.records)
+                + "; freshness load " + ratios(busy, lambda f: f.sink_cpu_s / f.transactions) + "; target ≤ 1.5."]
         return out
 
     def alone_report(self, ceilings: dict[int, SparkRun]) -> list[str]:
@@ -1320,7 +1506,7 @@ class SinksBench(Bench):
 # --------------------------------------------------------------------------- children
 
 
-def reader_child(conn: Any, store_name: str, config_path: str, poll_s: float, base: int) -> None:
+def reader_child(conn: Any, store_name: str, view: str, config_path: str, poll_s: float, base: int) -> None:
     """Poll the store; report the first warm-up sighting, then every marker's first-seen time
     (this phase's markers only: ids base+1, base+2, ...; warm-up ones -(base+1) ...)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -1330,7 +1516,7 @@ def reader_child(conn: Any, store_name: str, config_path: str, poll_s: float, ba
         return base < abs(i) <= base + MARKER_RANGE
 
     try:
-        poll = STORES[store_name]().visible(config_path, base)
+        poll = STORES[store_name]().visible(config_path, base, view)
         warm = False
         wait_for, deadline = None, None
         while True:
@@ -1413,7 +1599,7 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--driver-memory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for name in ("sinks.delta", "sinks.pipeline"):
+    for name in ("sinks.delta", "sinks.pipeline", "sinks.delta_history"):
         logging.getLogger(name).setLevel(logging.DEBUG)  # seconds per table kind and batch
     try:
         from cdc.config import load as load_config
@@ -1464,13 +1650,25 @@ def child_main(argv: list[str]) -> int:
             moved = rebuild_search_here(config, StopSignal())  # stops the session when done
             emit("query_end", seconds=time.monotonic() - t1, swapped=len(moved), read=None)
             return 0
+        elif args.store == "textbook":
+            import textbook
+
+            emit("query_start")
+            t1 = time.monotonic()
+            batches = textbook.run(spark, config, once=True)
+            emit("query_end", seconds=time.monotonic() - t1, batches=batches, read=None)
         else:
             store_name = args.store
             measured = measured_delta(spark, config) if store_name == "delta" else None
-            store = measured or stores.build(store_name, spark, config)
+            store, *followers = stores.build_all(store_name, spark, config)  # Delta: then its history query
+            store = measured or store
             emit("query_start")
             t1 = time.monotonic()
             progress = keep_running(spark, config, store, True, lambda: False)
+            if followers:
+                emit("current_end", seconds=time.monotonic() - t1)
+            for follower in followers:
+                keep_running(spark, config, follower, True, lambda: False)
             seconds = time.monotonic() - t1
             emit("query_end", seconds=seconds, batches=progress.batches, read=None,
                  store_s=measured and measured.seconds, store_cpu=measured and measured.cpu_s)
@@ -1505,6 +1703,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fresh-warmup", type=float, default=15,
                         help="seconds of the same load before the measured part (default 15)")
     parser.add_argument("--trigger-interval", type=float, default=0.5, help="[spark] trigger_interval_s while streaming")
+    parser.add_argument("--history-interval", type=float, default=30.0,
+                        help="Delta's [delta] history_interval_s while streaming (default 30)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="apply and freshness runs per store, the stores alternating (A/B/A/B; default 1)")
     parser.add_argument("--poll-ms", type=int, default=100, help="the freshness reader's polling period")
     parser.add_argument("--drain-seconds", type=float, default=300, help="wait this long for the last markers")
     parser.add_argument("--seed", type=int, default=42, help="seed of the workload generator")

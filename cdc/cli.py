@@ -513,11 +513,12 @@ def vacuum(config: Config, retain_hours: float) -> None:
 @delta.command("rebuild-history")
 @_with_config
 def rebuild_history(config: Config) -> None:
-    """Rebuild every history/ table from changes/ (every version the change log holds)."""
+    """Rebuild every history/ table from the change log changes/ (every version it holds)."""
+    from sinks.delta_history import HistoryStore
     from sinks.rebuild import rebuild_history as rebuild
 
     with _warehouse(config) as store:
-        for table, versions in rebuild(store, config):
+        for table, versions in rebuild(HistoryStore(store.spark, config.delta.path), config):
             click.echo(f"{table}: {versions} versions")
 
 
@@ -541,6 +542,20 @@ def delta_rebuild(config: Config, in_driver: bool) -> None:
     except (SinkStopped, TypeConflict) as exc:
         _fail(str(exc))
     click.echo(f"delta rebuild: {len(switched)} tables of current/ replaced, {sum(n for _, n in switched)} rows")
+
+
+@delta.command()
+@_with_config
+def migrate(config: Config) -> None:
+    """Move a warehouse written by cdc before the one change log (changes/<schema>/<table>)
+    to the one log changes/, partitioned by _cdc_topic. Stop `cdc sink delta` first; a run
+    stopped half-way can be run again."""
+    with _warehouse(config) as store:
+        moved = store.migrate()
+        for table, rows in moved:
+            click.echo(f"{table}: {rows} rows moved into {store.log}")
+        click.echo(f"delta migrate: {len(moved)} change tables moved" if moved else
+                   f"delta migrate: nothing to move, {store.log} is the change log already")
 
 
 @main.group()

@@ -404,6 +404,14 @@ class DeltaConfig:
         "", "folder (or `s3a://`, `abfss://` URI) of the warehouse: `current/`, `changes/` and `history/` "
         "under it", optional=True,
     )
+    history_interval_s: float = opt(
+        30.0, "time between the starts of the history query's batches while streaming (`history/` is kept from "
+        "the change log by a query of its own: fewer, bigger batches cost fewer commits)", low=0, high=86400,
+    )
+    history_batch_bytes: int = opt(
+        268435456, "most bytes of the change log's files one history batch reads (at least one file); bounds its "
+        "memory", low=1,
+    )
 
 
 @dataclass

@@ -51,6 +51,8 @@ class TableBatch:
     known: list[Truncate]
     #: partition -> highest offset of this table's records in the batch (bad ones included)
     offsets: dict[int, int]
+    #: this table's records in the batch (bad ones included)
+    records: int = 0
 
     @property
     def display(self) -> str:
@@ -175,6 +177,7 @@ def table_batch(
     truncates: list[Truncate],
     offsets: dict[int, int],
     earlier: Truncate | None = None,
+    records: int = 0,
 ) -> TableBatch:
     """`version`: the newest version of the batch (names the table and its key); `earlier`:
     the table's newest truncate from earlier batches."""
@@ -182,4 +185,4 @@ def table_batch(
     latest = after_truncate(last_per_key(rows, columns), known[-1][:2] if known else None)
     keys = [c.name for c in version.columns if c.key]
     return TableBatch(version.topic, version.schema, version.table, columns, keys, rows, latest, truncates, known,
-                      offsets)
+                      offsets, records)

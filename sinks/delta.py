@@ -1,15 +1,24 @@
-"""The Delta warehouse: `current/`, `changes/` and `history/` per table, with delta-spark.
+"""The Delta warehouse: `current/<schema>/<table>`, one change log `changes/` for the whole
+prefix, and `history/<schema>/<table>`, with delta-spark.
+
+A micro-batch makes one commit per table whose records it read (`current`: a MERGE by key)
+and one for the whole batch (`changes`: every table's records appended to one Delta table,
+partitioned by `_cdc_topic`). `history/` is kept from that log by a streaming query of its
+own (sinks.delta_history): the current state never waits for history's MERGEs, and history
+commits once per table per batch of its own, which gathers many of the job's. A Delta
+commit through Spark costs about a CPU-second whatever it holds, so the commits, not the
+rows, set a batch's cost.
 
 Exactly once per micro-batch, also across a crash between two commits, and also when the
 checkpoint is deleted and the topics are replayed:
 - `current` MERGEs by key and applies a change only over a lower stored position (a
   lone tombstone, which has none, only over a lower offset of the same partition);
-- `changes` rows and new `history` versions are written only above the table's own
-  per-partition offset watermark, read back from the table when the job starts. This
-  is what Delta's `txnAppId`/`txnVersion` gives, without tying it to a checkpoint: a
-  deleted checkpoint restarts batch ids at 0, and Delta would skip those versions;
-- ending `history` versions is offset-guarded, so a retried batch ends nothing twice; one
-  MERGE ends the old versions and inserts the new ones, so they commit together.
+- `changes` rows are appended only above the log's own per-topic, per-partition offset
+  watermark, read back from the log when the job starts. Delta's `txnAppId`/`txnVersion`
+  alone would tie this to the checkpoint (a deleted checkpoint restarts batch ids at 0 and
+  Delta would skip those versions); the append carries them too (the checkpoint's query id
+  and the batch id), so a batch whose append committed though the call failed is not
+  appended twice when it is read again.
 Tables use column mapping (any PostgreSQL column name works) and type widening. The job's
 bookkeeping (sinks.store) is `<root>/_cdc/<job>.json`.
 """
@@ -25,7 +34,7 @@ from typing import Any
 
 import orjson
 from delta.tables import DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -47,15 +56,19 @@ from pyspark.sql.types import (
 )
 
 from cdc.config import Config, ConfigError
-from sinks import hadoop, history
+from sinks import hadoop
 from sinks.batch import UNAVAILABLE, TableBatch, TypeConflict
 from sinks.envelope import CHANGE_COLUMNS
 from sinks.handover import LiveSide
-from sinks.store import TableStore, Truncate
+from sinks.store import SinkStopped, TableStore, Truncate
 
 log = logging.getLogger(__name__)
 
 KINDS = ("current", "changes", "history")
+#: where `cdc delta migrate` moves the per-table change tables of an older warehouse, until copied
+MOVED_ASIDE = "_cdc/changes-per-table"
+#: a change log append of fewer records is written by one task (a file per table)
+SMALL_BATCH = 100_000
 #: a table is compacted (OPTIMIZE's bin-packing) after this many of the job's commits to it:
 #: each batch adds small files, and a MERGE or a scan pays per file
 COMPACT_EVERY = 50
@@ -73,7 +86,7 @@ _CHANGES = _struct(
     ("_cdc_topic", _TEXT), *_COORDINATES, ("_cdc_key", _TEXT), ("_cdc_op", _TEXT), *_POSITION,
     ("_cdc_snapshot", _TEXT), ("_cdc_tombstone", _FLAG), ("before", _TEXT), ("after", _TEXT),
 )
-_HISTORY_META = _struct(
+HISTORY_META = _struct(
     ("_cdc_key", _TEXT), ("_cdc_op", _TEXT), ("_cdc_valid_from", _TIME), ("_cdc_valid_to", _TIME),
     ("_cdc_valid_from_lsn", _LONG), ("_cdc_valid_from_seq", _LONG), ("_cdc_valid_to_lsn", _LONG),
     ("_cdc_valid_to_seq", _LONG), ("_cdc_is_current", _FLAG), ("_cdc_deleted", _FLAG), ("_cdc_tx_id", _LONG),
@@ -121,7 +134,7 @@ def _newer(s: str = "s", t: str = "t") -> str:
     return f"({s}._cdc_lsn > {t}._cdc_lsn OR ({s}._cdc_lsn = {t}._cdc_lsn AND {s}._cdc_seq > {t}._cdc_seq))"
 
 
-def _above(watermarks: dict[int, int]) -> Column:
+def above(watermarks: dict[int, int]) -> Column:
     """Rows above the per-partition offset watermarks (partitions without one: all rows)."""
     cond = F.lit(True)
     for partition, offset in watermarks.items():
@@ -129,20 +142,21 @@ def _above(watermarks: dict[int, int]) -> Column:
     return cond
 
 
-class DeltaStore(TableStore):
-    """Writes every table of a micro-batch to the warehouse under `root`."""
+class Warehouse(TableStore):
+    """What the warehouse's stores share (the job's `current` and change log, the history
+    query's `history`): its tables, created or evolved; their offset watermarks; their
+    compaction; a bookkeeping record under `<root>/_cdc/`."""
 
     #: Delta's optimistic concurrency lost a race (another writer committed first), and a block
     #: of the batch's stored source went missing (a known Spark pitfall): both pass on a retry
     transient = ("io.delta.exceptions.Concurrent", "DELTA_CONCURRENT_", "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND")
 
-    def __init__(self, spark: SparkSession, root: str, name: str = "delta") -> None:
+    def __init__(self, spark: SparkSession, root: str, name: str) -> None:
         self.name = name
         self.spark = spark
         self.root = root
         self.where = f"the Delta warehouse at {root}"
-        self.record = f"{root.rstrip('/')}/_cdc/{name}.json"
-        self.handover: LiveSide | None = LiveSide(spark, root, name)
+        self.record = under(root, f"_cdc/{name}.json")
         # per table path: steps of different tables run in parallel threads, so each entry is
         # its own table's; the lock keeps the dictionaries themselves whole
         self._lock = threading.Lock()
@@ -157,23 +171,6 @@ class DeltaStore(TableStore):
 
     def save(self, record: dict[str, Any]) -> None:
         hadoop.write_bytes(self.spark, self.record, orjson.dumps(record))
-
-    def clear(self) -> None:
-        """`current/`, which the topics rebuild; `changes/` and `history/` keep what they hold
-        (superseded versions the compacted topics no longer have), and their offset
-        watermarks skip what they already have."""
-        hadoop.delete(self.spark, f"{self.root.rstrip('/')}/current")
-        hadoop.delete(self.spark, self.record)
-        with self._lock:
-            for path in [p for p in self._schemas if "/current/" in p]:
-                del self._schemas[path]
-        log.info("%s: current/ cleared", self.where)
-
-    def truncate(self, topic: str, truncate: Truncate) -> None:
-        path = table_path(self.root, "current", topic)
-        if DeltaTable.isDeltaTable(self.spark, path):
-            lsn, seq, _ = truncate
-            DeltaTable.forPath(self.spark, path).delete(f"_cdc_lsn < {lsn} OR (_cdc_lsn = {lsn} AND _cdc_seq < {seq})")
 
     # -- tables ----------------------------------------------------------------------
     def _table(self, path: str, columns: dict[str, DataType], meta: StructType, what: str) -> DeltaTable:
@@ -252,23 +249,6 @@ class DeltaStore(TableStore):
         with self._lock:
             self._watermarks[path] = marks
 
-    # -- writes ----------------------------------------------------------------------
-    def steps(self) -> tuple[Callable[[TableBatch], None], ...]:
-        """`current` first (every table's schema changes before it): readers of the current
-        state wait for nothing else; then the append-only `changes` and `history`."""
-        return (self._schemas_and_current, self._changes_and_history)
-
-    def _schemas_and_current(self, batch: TableBatch) -> None:
-        # every schema change first: a type change a table cannot take stops before any write
-        self._table(table_path(self.root, "changes", batch.topic), {}, _CHANGES, batch.display)
-        for kind, meta in (("current", _CURRENT_META), ("history", _HISTORY_META)):
-            self._table(table_path(self.root, kind, batch.topic), batch.columns, meta, batch.display)
-        self._write("current", self._current, batch)
-
-    def _changes_and_history(self, batch: TableBatch) -> None:
-        self._write("changes", self._changes, batch)
-        self._write("history", self._history, batch)
-
     def _write(self, kind: str, write: Callable[[TableBatch], None], batch: TableBatch) -> None:
         started = time.monotonic()
         write(batch)
@@ -290,12 +270,45 @@ class DeltaStore(TableStore):
         metrics = DeltaTable.forPath(self.spark, path).optimize().executeCompaction().collect()[0].metrics
         return int(metrics.numFilesRemoved), int(metrics.numFilesAdded)
 
-    def _changes(self, batch: TableBatch) -> None:
-        path = table_path(self.root, "changes", batch.topic)
-        self._table(path, {}, _CHANGES, batch.display)
-        rows = batch.rows.where(_above(self._watermark(path))).select(*CHANGE_COLUMNS)
-        rows.write.format("delta").mode("append").save(path)
-        self._advance(path, batch.offsets)
+
+class DeltaStore(Warehouse):
+    """The job's writes: every table's `current` of a micro-batch, then the batch's records in
+    the change log, in one append."""
+
+    def __init__(self, spark: SparkSession, root: str, name: str = "delta") -> None:
+        super().__init__(spark, root, name)
+        self.handover: LiveSide | None = LiveSide(spark, root, name)
+        self.log = log_path(root)
+        self._log_marks: dict[str, dict[int, int]] | None = None  # topic -> partition -> offset
+
+    def open(self, resumed: bool) -> None:
+        check_layout(self.spark, self.root)
+        ensure_log(self.spark, self.log)
+
+    def clear(self) -> None:
+        """`current/`, which the topics rebuild; the change log and `history/` keep what they
+        hold (superseded versions the compacted topics no longer have), and their offset
+        watermarks skip what they already have."""
+        hadoop.delete(self.spark, under(self.root, "current"))
+        hadoop.delete(self.spark, self.record)
+        with self._lock:
+            for path in [p for p in self._schemas if "/current/" in p]:
+                del self._schemas[path]
+        log.info("%s: current/ cleared", self.where)
+
+    def truncate(self, topic: str, truncate: Truncate) -> None:
+        path = table_path(self.root, "current", topic)
+        if DeltaTable.isDeltaTable(self.spark, path):
+            lsn, seq, _ = truncate
+            DeltaTable.forPath(self.spark, path).delete(f"_cdc_lsn < {lsn} OR (_cdc_lsn = {lsn} AND _cdc_seq < {seq})")
+
+    # -- writes ----------------------------------------------------------------------
+    def steps(self) -> tuple[Callable[[TableBatch], None], ...]:
+        """`current` only: readers of the current state wait for nothing else."""
+        return (self._current_step,)
+
+    def _current_step(self, batch: TableBatch) -> None:
+        self._write("current", self._current, batch)
 
     def _current(self, batch: TableBatch) -> None:
         path = table_path(self.root, "current", batch.topic)
@@ -319,56 +332,56 @@ class DeltaStore(TableStore):
             .execute()
         )
 
-    def _history(self, batch: TableBatch) -> None:
-        """One MERGE: it ends the current versions of the batch's keys and inserts the batch's
-        new versions (those with a null `_merge_key`, which match nothing)."""
-        path = table_path(self.root, "history", batch.topic)
-        table = self._table(path, batch.columns, _HISTORY_META, batch.display)
-        new = history.versions(batch.rows, batch.columns, batch.known).where(_above(self._watermark(path)))
-        source = history.first_changes(batch.rows).withColumn("_merge_key", F.col("_cdc_key")).unionByName(
-            new.withColumn("_merge_key", F.lit(None).cast(_TEXT)), allowMissingColumns=True
-        )
-        (
-            table.alias("t")
-            .merge(source.alias("s"), "t._cdc_key = s._merge_key AND t._cdc_is_current AND t._cdc_offset < s._cdc_offset")
-            .whenMatchedUpdate(set=_ended(batch.known))
-            .whenNotMatchedInsert(
-                condition="s._merge_key IS NULL",
-                values={q(n): f"s.{q(n)}" for n in [*batch.columns, *_HISTORY_META.fieldNames()]},
-            )
-            .execute()
-        )
-        for lsn, seq, ts_ms in batch.truncates:  # the versions of keys the batch did not change
-            table.update(
-                condition=f"_cdc_is_current AND (_cdc_valid_from_lsn < {lsn} OR "
-                f"(_cdc_valid_from_lsn = {lsn} AND _cdc_valid_from_seq < {seq}))",
-                set={
-                    "_cdc_valid_to": f"timestamp_millis({ts_ms})",
-                    "_cdc_valid_to_lsn": str(lsn),
-                    "_cdc_valid_to_seq": str(seq),
-                    "_cdc_is_current": "false",
-                    "_cdc_deleted": "true",
-                },
-            )
-        self._advance(path, batch.offsets)
+    def after_tables(self, batches: list[TableBatch], batch_id: int, lineage: str | None) -> None:
+        """Every table's records of the batch in the change log, one append; above the log's
+        per-topic, per-partition offset watermark."""
+        if not batches:
+            return
+        started = time.monotonic()
+        marks = self._log_watermarks()
+        parts = [b.rows.where(above(marks.get(b.topic, {}))).select(*CHANGE_COLUMNS) for b in batches]
+        rows = parts[0]
+        for more in parts[1:]:
+            rows = rows.unionByName(more)
+        # one task writes a small batch (a file per table), the executors' cores a big one
+        small = sum(b.records for b in batches) < SMALL_BATCH
+        rows = rows.coalesce(1 if small else max(1, self.spark.sparkContext.defaultParallelism))
+        writer = rows.write.format("delta").mode("append")
+        if lineage is not None:
+            writer = writer.option("txnAppId", lineage).option("txnVersion", str(batch_id))
+        writer.save(self.log)
+        with self._lock:
+            for b in batches:
+                topic_marks = marks.setdefault(b.topic, {})
+                for partition, offset in b.offsets.items():
+                    topic_marks[partition] = max(topic_marks.get(partition, -1), offset)
+        self._compact_now_and_then(self.log)
+        log.debug("changes: %d tables %.1f s", len(batches), time.monotonic() - started)
+
+    def _log_watermarks(self) -> dict[str, dict[int, int]]:
+        """Per topic and partition, the highest offset the change log holds (read once, then kept)."""
+        if self._log_marks is None:
+            rows = (self.spark.read.format("delta").load(self.log)
+                    .groupBy("_cdc_topic", "_cdc_partition").agg(F.max("_cdc_offset")).collect())
+            marks: dict[str, dict[int, int]] = {}
+            for topic, partition, offset in rows:
+                if partition is not None:
+                    marks.setdefault(topic, {})[int(partition)] = int(offset)
+            self._log_marks = marks
+        return self._log_marks
 
     # -- maintenance -----------------------------------------------------------------
     def tables(self, kinds: tuple[str, ...] = KINDS) -> Iterator[str]:
-        """Every Delta table under the warehouse (`<kind>/<schema>/<table>`)."""
-        jvm, jsc = self.spark._jvm, self.spark._jsc
-        assert jvm is not None and jsc is not None
-        conf = jsc.hadoopConfiguration()
+        """Every Delta table of the warehouse: `current/<schema>/<table>`, the change log,
+        `history/<schema>/<table>`."""
         for kind in kinds:
-            top = jvm.org.apache.hadoop.fs.Path(f"{self.root.rstrip('/')}/{kind}")
-            fs = top.getFileSystem(conf)
-            if not fs.exists(top):
+            if kind == "changes":
+                if DeltaTable.isDeltaTable(self.spark, self.log):
+                    yield self.log
                 continue
-            for schema in fs.listStatus(top):
-                if not schema.isDirectory():
-                    continue
-                for table in fs.listStatus(schema.getPath()):
-                    path = table.getPath().toString()
-                    if table.isDirectory() and DeltaTable.isDeltaTable(self.spark, path):
+            for schema in hadoop.folders(self.spark, under(self.root, kind)):
+                for path in hadoop.folders(self.spark, schema):
+                    if DeltaTable.isDeltaTable(self.spark, path):
                         yield path
 
     def optimize(self) -> list[tuple[str, int, int]]:
@@ -383,39 +396,67 @@ class DeltaStore(TableStore):
             out.append(path)
         return out
 
-    def rebuild_history(self, rows: DataFrame, batch: TableBatch) -> None:
-        """Replace `history` of one table by the versions of every change in `changes`."""
-        path = table_path(self.root, "history", batch.topic)
-        self._table(path, batch.columns, _HISTORY_META, batch.display)
-        history.versions(rows, batch.columns, batch.truncates).write.format("delta").mode("overwrite").option(
-            "overwriteSchema", "false"
-        ).save(path)
-        with self._lock:
-            self._watermarks.pop(path, None)
+    def migrate(self) -> list[tuple[str, int]]:
+        """Move a warehouse from per-table change tables (`changes/<schema>/<table>`, cdc before
+        the one change log) to the one log; (old table, rows moved) per table.
+
+        The old tables are moved aside to `_cdc/changes-per-table/` (one rename), each is
+        appended to the new log with its own `txnAppId` (a run stopped half-way and started
+        again appends none twice), and the moved-aside folder is deleted last."""
+        aside = under(self.root, MOVED_ASIDE)
+        if hadoop.exists(self.spark, self.log) and not DeltaTable.isDeltaTable(self.spark, self.log):
+            if hadoop.exists(self.spark, aside):
+                raise SinkStopped(f"both {self.log} and {aside} hold per-table change tables: merge them by hand")
+            hadoop.rename(self.spark, self.log, aside)
+        if not hadoop.exists(self.spark, aside):
+            return []
+        ensure_log(self.spark, self.log)
+        moved = []
+        for schema in hadoop.folders(self.spark, aside):
+            for path in hadoop.folders(self.spark, schema):
+                if not DeltaTable.isDeltaTable(self.spark, path):
+                    continue
+                name = path.rstrip("/").rsplit("/", 2)
+                table = f"{name[-2]}/{name[-1]}"
+                rows = self.spark.read.format("delta").load(path).select(*CHANGE_COLUMNS)
+                (rows.write.format("delta").mode("append").option("txnAppId", f"cdc-migrate {table}")
+                 .option("txnVersion", "0").save(self.log))
+                moved.append((f"changes/{table}", rows.count()))
+        hadoop.delete(self.spark, aside)
+        return moved
 
 
-def _ended(truncates: list[tuple[int, int, int]]) -> dict[str, str | Column]:
-    """How history's MERGE ends a current version `t` by the key's first change `s`: at the first
-    truncate after `t` began, when that comes before `s` (or `s`, a lone tombstone, has no
-    position), else at `s`; a truncate or a delete marks it deleted."""
-    ends = {"ts": "s._cdc_ts", "lsn": "s._cdc_lsn", "seq": "s._cdc_seq"}
-    cases = {name: "" for name in ends}
-    deleted = "s._deletes"
-    for lsn, seq, ts_ms in truncates:
-        after_t = f"({lsn} > t._cdc_valid_from_lsn OR ({lsn} = t._cdc_valid_from_lsn AND {seq} > t._cdc_valid_from_seq))"
-        before_s = f"(s._cdc_lsn IS NULL OR {lsn} < s._cdc_lsn OR ({lsn} = s._cdc_lsn AND {seq} < s._cdc_seq))"
-        when = f" WHEN {after_t} AND {before_s} THEN "
-        for name, value in (("ts", f"timestamp_millis({ts_ms})"), ("lsn", str(lsn)), ("seq", str(seq))):
-            cases[name] += when + value
-        deleted = f"({after_t} AND {before_s}) OR " + deleted
-    end = {name: f"CASE{cases[name]} ELSE {ends[name]} END" if cases[name] else ends[name] for name in ends}
-    return {
-        "_cdc_valid_to": end["ts"],
-        "_cdc_valid_to_lsn": end["lsn"],
-        "_cdc_valid_to_seq": end["seq"],
-        "_cdc_is_current": "false",
-        "_cdc_deleted": deleted,
-    }
+def under(root: str, part: str) -> str:
+    return f"{root.rstrip('/')}/{part}"
+
+
+def log_path(root: str) -> str:
+    """The change log of the whole prefix."""
+    return under(root, "changes")
+
+
+_LOG_CREATION = threading.Lock()  # the job and the history query start in one process
+
+
+def ensure_log(spark: SparkSession, path: str) -> None:
+    """The change log, created empty when missing (the history query streams it from its start)."""
+    with _LOG_CREATION:
+        if not DeltaTable.isDeltaTable(spark, path):
+            DeltaTable.createIfNotExists(spark).location(path).addColumns(_CHANGES).partitionedBy(
+                "_cdc_topic"
+            ).execute()
+
+
+def check_layout(spark: SparkSession, root: str) -> None:
+    """A warehouse written by cdc before the one change log keeps `changes/<schema>/<table>`:
+    the job stops and says how to move it."""
+    log_at = log_path(root)
+    old = hadoop.exists(spark, log_at) and not DeltaTable.isDeltaTable(spark, log_at)
+    if old or hadoop.exists(spark, under(root, MOVED_ASIDE)):
+        raise SinkStopped(
+            f"the Delta warehouse at {root} keeps changes/ per table (cdc before the one change log): stop the "
+            "delta sink and run `cdc delta migrate --config <file>` once, which moves it to the one change log"
+        )
 
 
 def _sql_string(text: str) -> str:
@@ -429,6 +470,13 @@ def check(config: Config) -> None:
 
 def build(spark: SparkSession, config: Config) -> DeltaStore:
     return DeltaStore(spark, config.delta.path)
+
+
+def followers(spark: SparkSession, config: Config) -> list[TableStore]:
+    """`history/`, kept from the change log by a query of its own (sinks.delta_history)."""
+    from sinks.delta_history import HistoryStore
+
+    return [HistoryStore(spark, config.delta.path)]
 
 
 def local(workdir: Path) -> tuple[Any, dict[str, str]]:

@@ -50,11 +50,11 @@ class CurrentOnly(DeltaStore):
         self.record = f"{root.rstrip('/')}/{NAME}.json"
         self.handover = None  # the rebuild does not pause for itself
 
-    def steps(self) -> tuple[Callable[[TableBatch], None], ...]:
-        return (self._current_alone,)
+    def open(self, resumed: bool) -> None:
+        """No change log here: the rebuild writes `current/` tables alone."""
 
-    def _current_alone(self, batch: TableBatch) -> None:
-        self._write("current", self._current, batch)
+    def after_tables(self, batches: list[TableBatch], batch_id: int, lineage: str | None) -> None:
+        """The change log is the live job's (the rebuild reads what it holds already)."""
 
 
 class Rebuild:

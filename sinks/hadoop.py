@@ -30,6 +30,25 @@ def names(spark: SparkSession, folder: str) -> list[str]:
     return [status.getPath().getName() for status in fs.listStatus(where)]
 
 
+def folders(spark: SparkSession, folder: str) -> list[str]:
+    """The paths of the folders in a folder ([] when there is none)."""
+    fs, where = filesystem(spark, folder)
+    if not fs.exists(where):
+        return []
+    return [status.getPath().toString() for status in fs.listStatus(where) if status.isDirectory()]
+
+
+def rename(spark: SparkSession, path: str, to: str) -> None:
+    """Move a file or folder (one step on a local or HDFS file system; a copy on object stores)."""
+    fs, where = filesystem(spark, path)
+    jvm = spark._jvm
+    assert jvm is not None
+    target = jvm.org.apache.hadoop.fs.Path(to)
+    fs.mkdirs(target.getParent())
+    if not fs.rename(where, target):
+        raise OSError(f"could not move {path} to {to}")
+
+
 def delete(spark: SparkSession, path: str) -> None:
     """A file, or a folder with everything in it (nothing when it is not there)."""
     fs, where = filesystem(spark, path)

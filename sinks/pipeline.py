@@ -52,6 +52,29 @@ QUIET_S = 2.0  # no batch for this long: the streaming job looks whether its las
 LETTER_COLUMNS = ("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_key", "_cdc_error", "_value")
 
 
+class Feed:
+    """Where a job's records come from: the table topics (and the daemon's heartbeats), read
+    by Spark's Kafka source. A store may keep a feed of its own (sinks.store.Store.feed)."""
+
+    #: heartbeats and the topics' end offsets say how complete the store is (sinks.pipeline.SinkJob.settle)
+    settles = True
+
+    def stream(self, spark: SparkSession, config: Config) -> DataFrame:
+        """The streaming DataFrame of the job's query."""
+        return topics.read_stream(spark, config.topic, config.spark.max_offsets_per_trigger)
+
+    def rows(self, records: DataFrame) -> DataFrame:
+        """A micro-batch's records as change rows (sinks.envelope.CHANGE_COLUMNS, `_cdc_error`, `_value`)."""
+        return change_rows(records)
+
+    def interval_s(self, config: Config) -> float:
+        """Seconds between the streaming query's batches."""
+        return config.spark.trigger_interval_s
+
+
+TOPICS = Feed()
+
+
 class UnknownVersion(Exception):
     """Records of a table whose version is not in the schemas topic yet (the daemon sends a
     version ahead of its events, to another topic): the batch is read again."""
@@ -103,6 +126,7 @@ class SinkJob:
         self.stop_requested = stop_requested
         self.config = config
         self.store = store
+        self.feed = store.feed or TOPICS
         self.prefix = config.topic.prefix
         self.heartbeat_topic = topics.internal(self.prefix, topics.HEARTBEAT)
         self.schemas = topics.SchemaFeed(config.topic)
@@ -166,7 +190,7 @@ class SinkJob:
         # topic partition would be mostly scheduling on a small batch: the executors' cores
         # read them, a whole topic partition each time, in offset order (what stores rely on)
         cores = self.spark.sparkContext.defaultParallelism
-        persisted = change_rows(records.coalesce(max(1, cores))).localCheckpoint(eager=True)
+        persisted = self.feed.rows(records.coalesce(max(1, cores))).localCheckpoint(eager=True)
         read = time.monotonic()
         rows = persisted.where(F.col("_cdc_topic") != self.heartbeat_topic)
         try:
@@ -224,7 +248,8 @@ class SinkJob:
                 self.metrics.batch(ended - started, counts, self.progress.dead_letters - letters_before,
                                    self.progress.complete_lsn)
             log.info(
-                "batch %d: %d records of %d tables in %.1f s (read %.1f, statistics %.1f, store %.1f, progress %.1f)",
+                "%sbatch %d: %d records of %d tables in %.1f s (read %.1f, statistics %.1f, store %.1f, progress %.1f)",
+                "" if self.feed is TOPICS else f"{store.name} ",  # a store's own feed: its job's name
                 batch_id, sum(s["count"] for s in stats.values()), len(stats), ended - started, read - started,
                 counted - read, written_at - counted, ended - written_at,
                 extra={"batch": batch_id, "store": self.store.name},
@@ -329,6 +354,7 @@ class SinkJob:
                     wait(done)
                     for future in done:
                         future.result()
+            store.after_tables([batch for batch, _ in decodes], batch_id, self.lineage)
             self._send_letters(letters, batch_id)
         finally:
             for rows in decoded:
@@ -350,7 +376,8 @@ class SinkJob:
         log.debug("%s: decoded in %.1f s", topic, time.monotonic() - started)
         newest = registry.at(topic, high) or registry.versions(topic)[0]
         batch = table_batch(
-            decoded.where(F.col("_cdc_error").isNull()), newest, columns, stat["truncates"], stat["offsets"], earlier
+            decoded.where(F.col("_cdc_error").isNull()), newest, columns, stat["truncates"], stat["offsets"], earlier,
+            stat["count"],
         )
         return batch, decoded.where(F.col("_cdc_error").isNotNull())
 
@@ -417,7 +444,8 @@ class SinkJob:
 
     def quiet(self) -> bool:
         """No batch for QUIET_S since one that `settle` has not looked after."""
-        return not self.running and self.last_batch != self._settled and time.monotonic() - self.batch_ended >= QUIET_S
+        return (self.feed.settles and not self.running and self.last_batch != self._settled
+                and time.monotonic() - self.batch_ended >= QUIET_S)
 
     def settle(self, read: dict[str, dict[int, int]] | None) -> None:
         """When no next batch comes to complete the last heartbeat (see `_record`): at the end
@@ -430,7 +458,7 @@ class SinkJob:
         progress = self.progress
         with self._lock:
             batch = self.last_batch
-            if read is None or batch is None or batch == self._settled:
+            if not self.feed.settles or read is None or batch is None or batch == self._settled:
                 return
             self._settled = batch
         try:
@@ -490,4 +518,4 @@ def _first(bad: list[DataFrame]) -> Any:
     return found[0] if found else None
 
 
-__all__ = ["Progress", "SinkJob", "StopRequested", "StoreLost", "UnknownVersion", "drained"]
+__all__ = ["TOPICS", "Feed", "Progress", "SinkJob", "StopRequested", "StoreLost", "UnknownVersion", "drained"]

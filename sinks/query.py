@@ -53,12 +53,11 @@ def _query(
     """One query until drained or stopped (False), or until a rebuild asks for a pause (True)."""
     handover = job.store.handover
     job.begin(checkpoint)
-    reader = topics.read_stream(spark, config.topic, config.spark.max_offsets_per_trigger)
-    writer = reader.writeStream.foreachBatch(job).option("checkpointLocation", checkpoint)
+    writer = job.feed.stream(spark, config).writeStream.foreachBatch(job).option("checkpointLocation", checkpoint)
     if once:
         writer = writer.trigger(availableNow=True)
     else:
-        writer = writer.trigger(processingTime=f"{config.spark.trigger_interval_s} seconds")
+        writer = writer.trigger(processingTime=f"{job.feed.interval_s(config)} seconds")
     query = writer.queryName(f"cdc-sink-{job.store.name}").start()
     stopped = paused = False
     try:
@@ -95,8 +94,8 @@ def _offsets_read(query: Any) -> dict[str, dict[int, int]] | None:
         return None
     end = progress.sources[0].endOffset
     offsets = orjson.loads(end) if isinstance(end, str) else end
-    if not offsets:
-        return None
+    if not offsets or not all(isinstance(parts, dict) for parts in offsets.values()):
+        return None  # not Kafka's: another feed (sinks.pipeline.Feed)
     return {topic: {int(part): int(offset) for part, offset in parts.items()} for topic, parts in offsets.items()}
 
 

@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -78,10 +79,54 @@ def run_here(config: Config, store_name: str, once: bool, stop: StopSignal) -> P
     spark = build_session(f"cdc-sink-{store_name}", master=config.spark.master, conf=log_conf(config.spark.log_format))
     stop.install()
     try:
-        return keep_running(spark, config, stores.build(store_name, spark, config), once, stop, metrics)
+        return keep_all_running(spark, config, stores.build_all(store_name, spark, config), once, stop, metrics)
     finally:
         metrics.close()
         spark.stop()
+
+
+def keep_all_running(
+    spark: SparkSession, config: Config, jobs: list[Store], once: bool, stop: Callable[[], bool],
+    metrics: SinkMetrics | None = None,
+) -> Progress:
+    """The store's job (the first) and the jobs that follow it, fed from what it writes (the
+    warehouse's history, from its change log), each its own query with its own retries; the
+    first job's progress. `once`: one after the other, each to the end of its feed. Streaming:
+    side by side; one that stops (a stop asked for, or a failure a retry cannot cure) stops
+    the others after their running batch, and its failure is raised. `metrics` are the first
+    job's (the store's records, its complete-up-to LSN): the followers report none."""
+    first, *followers = jobs
+    if once:
+        progress = keep_running(spark, config, first, True, stop, metrics)
+        for store in followers:
+            keep_running(spark, config, store, True, stop)
+        return progress
+    ended = threading.Event()
+    failed: list[BaseException] = []
+
+    def halted() -> bool:
+        return stop() or ended.is_set()
+
+    def follow(store: Store) -> None:
+        try:
+            keep_running(spark, config, store, False, halted)
+        except BaseException as exc:  # noqa: BLE001 (raised in the caller's thread)
+            failed.append(exc)
+        finally:
+            ended.set()
+
+    threads = [threading.Thread(target=follow, args=(s,), name=f"cdc-sink-{s.name}", daemon=True) for s in followers]
+    for thread in threads:
+        thread.start()
+    try:
+        progress = keep_running(spark, config, first, False, halted, metrics)
+    finally:
+        ended.set()
+        for thread in threads:
+            thread.join()
+    if failed:
+        raise failed[0]
+    return progress
 
 
 def transient(exc: BaseException, store: Store) -> bool:

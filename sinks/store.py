@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from sinks.batch import TableBatch
     from sinks.handover import LiveSide
+    from sinks.pipeline import Feed
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,9 @@ class Store(ABC):
     name: str
     #: the store in a message, credentials masked ("Redis at redis://host:6379/0")
     where: str
+    #: where the job reads the store's records: None, the table topics; else a feed the store
+    #: keeps itself (sinks.pipeline.Feed: the warehouse's history reads its change log)
+    feed: Feed | None = None
     #: how the store's client names errors worth a retry (the batch fails on an executor, and
     #: the driver sees the error as text): an unreachable server, a refusal for now
     transient: tuple[str, ...] = ()
@@ -141,6 +145,11 @@ class TableStore(Store):
 
     @abstractmethod
     def steps(self) -> tuple[Callable[[TableBatch], None], ...]: ...
+
+    def after_tables(self, batches: list[TableBatch], batch_id: int, lineage: str | None) -> None:  # noqa: B027
+        """After every table's steps: the writes that span the batch's tables (one commit for
+        all of them). `lineage`: the checkpoint's query id, with `batch_id` what keys an
+        idempotent write."""
 
 
 def check_resumed(store: Store, record: dict[str, Any] | None, committed: int | None, lineage: str | None) -> Bookkeeping:

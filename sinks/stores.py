@@ -4,7 +4,8 @@ store. A store module defines the store (sinks.store) and five functions: `check
 `build(spark, config)`, `local(workdir)` (a throwaway server for the demo, and the settings
 that point at it), `show(config, topics)` (what a reader finds there, a line per row) and
 `counter(config)` (a RowCounter: each table's rows there, cheap enough for `cdc top` to ask
-every few seconds while the job writes).
+every few seconds while the job writes); and may define `followers(spark, config)`: stores
+the same process keeps from what the store holds, each by a query of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class Registration:
 
 STORES: dict[str, Registration] = {r.name: r for r in (
     Registration("delta", "sinks.delta", "delta", "the Delta warehouse under [delta] path",
-                 "a Delta warehouse: current/ (the tables now), changes/ (every event) and history/ (every version)"),
+                 "a Delta warehouse: current/ (the tables now), changes (every event, one log) and history/ (every "
+                 "version)"),
     Registration("search", "sinks.search", "search", "the OpenSearch index at [search] url",
                  "OpenSearch, an index per table behind an alias named after its topic, _id = the key's JSON, "
                  "_source = the row"),
@@ -69,3 +71,11 @@ def counter(name: str, config: Config) -> RowCounter:
     """Each table's rows in the store, for `cdc top` and the demo's live view."""
     made: RowCounter = registration(name).load().counter(config)
     return made
+
+
+def build_all(name: str, spark: SparkSession, config: Config) -> list[Store]:
+    """The store, then the stores its job's process keeps from what it writes (a module's
+    optional `followers(spark, config)`: the warehouse's history, from its change log)."""
+    module = registration(name).load()
+    followers = getattr(module, "followers", None)
+    return [build(name, spark, config), *(followers(spark, config) if followers else [])]

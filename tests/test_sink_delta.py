@@ -132,6 +132,11 @@ def _table(spark: SparkSession, warehouse: Path, kind: str, table: str = "wide")
     return spark.read.format("delta").load(str(warehouse / kind / "public" / table))
 
 
+def _changes(spark: SparkSession, warehouse: Path, topic: str) -> Any:
+    """One table's records in the warehouse's change log (one Delta table for the prefix)."""
+    return spark.read.format("delta").load(str(warehouse / "changes")).where(f"_cdc_topic = '{topic}'")
+
+
 def _current_view(spark: SparkSession, warehouse: Path) -> list[tuple]:
     _table(spark, warehouse, "current").createOrReplaceTempView("current")
     rows = []
@@ -197,7 +202,7 @@ def test_current_changes_and_history_follow_the_source(
     # changes: one row per record of the topic, once
     topic = f"{topic_prefix}.public.wide"
     records = list(read_topic(TopicConfig(bootstrap_servers=broker_servers), topic))
-    changes = _table(spark, warehouse, "changes")
+    changes = _changes(spark, warehouse, topic)
     coords = sorted((r["_cdc_partition"], r["_cdc_offset"]) for r in changes.collect())
     assert coords == sorted((r.partition, r.offset) for r in records)
 
@@ -349,7 +354,7 @@ def _check_exactly_once(spark: SparkSession, warehouse: Path, db: Any, servers: 
     source = {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct")}
     assert _acct_state(spark, warehouse) == source
     records = list(read_topic(TopicConfig(bootstrap_servers=servers), f"{prefix}.public.acct"))
-    changes = _table(spark, warehouse, "changes", "acct").select("_cdc_partition", "_cdc_offset").collect()
+    changes = _changes(spark, warehouse, f"{prefix}.public.acct").select("_cdc_partition", "_cdc_offset").collect()
     assert sorted(tuple(r) for r in changes) == sorted((r.partition, r.offset) for r in records)
     versions = sorted(
         (r.partition, r.offset) for r in records
@@ -396,14 +401,124 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
     done = cdc("delta", "optimize", "--config", str(config), timeout=SINK_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     # every table is optimized (the job's own compaction may have left nothing to do: "0 files compacted into 0")
-    for kind in ("current", "changes", "history"):
-        assert re.search(rf"{re.escape(str(warehouse))}/{kind}/public/acct: \d+ files compacted into \d+", done.stdout)
+    for table in ("current/public/acct", "changes", "history/public/acct"):
+        assert re.search(rf"{re.escape(str(warehouse))}/{table}: \d+ files compacted into \d+", done.stdout)
     done = cdc("delta", "rebuild-history", "--config", str(config), timeout=SINK_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"public.acct: {len(history)} versions" in done.stdout
     rebuilt = sorted(tuple(r) for r in _table(spark, warehouse, "history", "acct").select(*history_columns).collect())
     assert rebuilt == history
     _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
+
+    # a warehouse written by cdc before the one change log: the job stops and says how to move it
+    moved = _as_per_table_changes(spark, warehouse, tmp_path / "checkpoints")
+    err = sink.once(exit_code=1)
+    assert (
+        f"error: the Delta warehouse at {warehouse} keeps changes/ per table (cdc before the one change log): stop "
+        "the delta sink and run `cdc delta migrate --config <file>` once, which moves it to the one change log"
+    ) in err.splitlines()
+    done = cdc("delta", "migrate", "--config", str(config), timeout=SINK_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        f"changes/public/acct: {moved} rows moved into {warehouse}/changes", "delta migrate: 1 change tables moved"
+    ]
+    assert not (warehouse / "_cdc" / "changes-per-table").exists()
+    sink.once(env=big_batches)  # the history query reads the whole log again: its watermarks skip what it has
+    _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
+    done = cdc("delta", "migrate", "--config", str(config), timeout=SINK_TIMEOUT_S)
+    assert done.stdout.strip() == f"delta migrate: nothing to move, {warehouse}/changes is the change log already"
+
+
+def _as_per_table_changes(spark: SparkSession, warehouse: Path, checkpoints: Path) -> int:
+    """The layout of cdc before the one change log: a Delta table per table under
+    `changes/<schema>/<table>`, and no history query's record or checkpoint; the rows moved."""
+    from sinks.envelope import CHANGE_COLUMNS
+
+    log = spark.read.format("delta").load(str(warehouse / "changes"))
+    topics = [r[0] for r in log.select("_cdc_topic").distinct().collect()]
+    count = 0
+    for topic in topics:
+        table = topic.rsplit(".", 1)[-1]
+        rows = log.where(f"_cdc_topic = '{topic}'").select(*CHANGE_COLUMNS)
+        rows.write.format("delta").save(str(warehouse / "per-table" / "public" / table))
+        count += rows.count()
+    shutil.rmtree(warehouse / "changes")
+    (warehouse / "per-table").rename(warehouse / "changes")
+    (warehouse / "_cdc" / "delta-history.json").unlink()
+    shutil.rmtree(checkpoints / "delta-history")
+    return count
+
+
+# --------------------------------------------------------------------------- commits per batch
+
+
+def _commits(table: Path) -> int:
+    """The commits in a Delta table's log (`_delta_log/<version>.json`; none: 0)."""
+    return len(list((table / "_delta_log").glob("[0-9]*.json")))
+
+
+def test_a_batch_commits_once_per_table_it_touches_and_history_follows_by_its_own_query(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, spark: SparkSession
+) -> None:
+    tables = [f"t{i}" for i in range(5)]
+    for table in tables:
+        db.execute(f"CREATE TABLE public.{table} (id int PRIMARY KEY, v int NOT NULL)")
+        db.execute(f"INSERT INTO public.{table} SELECT g, 0 FROM generate_series(1, 20) g")
+    daemon, slot = run_daemon(["public.*"])
+    warehouse = tmp_path / "warehouse"
+    config = write_config(
+        tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.*"],
+        delta={"path": str(warehouse), "history_interval_s": 3600},  # streaming: one history batch, at the start
+        spark={"checkpoint_dir": str(tmp_path / "checkpoints"), "max_offsets_per_trigger": 1000000},
+    )
+    sink = Sink(config, tmp_path / "sink.log")
+    wait_caught_up(db.dsn, slot, daemon)
+    sink.once()
+
+    def commits() -> dict[str, int]:
+        counts = {"changes": _commits(warehouse / "changes")}
+        for table in tables:
+            for kind in ("current", "history"):
+                counts[f"{kind}/{table}"] = _commits(warehouse / kind / "public" / table)
+        return counts
+
+    # two of the five tables change, in several transactions: one batch of the job commits
+    # once per table it touched and once to the change log; history once per table it touched
+    before = commits()
+    for i in range(1, 6):
+        db.execute(f"UPDATE public.t1 SET v = {i} WHERE id <= {4 * i}")
+        db.execute(f"UPDATE public.t3 SET v = {i} WHERE id > {4 * i}")
+    db.execute("DELETE FROM public.t3 WHERE id = 20")
+    wait_caught_up(db.dsn, slot, daemon)
+    sink.once()
+    after = commits()
+    grown = {name: after[name] - before[name] for name in after if after[name] != before[name]}
+    assert grown == {"changes": 1, "current/t1": 1, "current/t3": 1, "history/t1": 1, "history/t3": 1}
+    assert "records of 2 tables" in (tmp_path / "sink.log").read_text()
+
+    # streaming: `current` follows at once, `history` waits for its own query's next batch
+    # ([delta] history_interval_s); the change log holds the records meanwhile
+    sink.start()
+    sink.next_batch()
+    db.execute("UPDATE public.t2 SET v = 7 WHERE id = 1")
+    wait_caught_up(db.dsn, slot, daemon)
+    topic = f"{topic_prefix}.public.t2"
+
+    def current_v() -> Any:
+        rows = _table(spark, warehouse, "current", "t2").where("id = 1").collect()
+        return rows[0]["v"] == 7
+
+    wait_for(current_v, SINK_TIMEOUT_S, "the update in current/")
+    # the batch appends to the change log after its current MERGEs
+    wait_for(lambda: _changes(spark, warehouse, topic).where("_cdc_op = 'u'").count() == 1, SINK_TIMEOUT_S,
+             "the update in the change log")
+    assert _table(spark, warehouse, "history", "t2").where("v = 7").count() == 0
+    assert sink.stop() == 0
+    sink.once()  # the history query to the end of the log
+    history = _table(spark, warehouse, "history", "t2").where("id = 1").orderBy("_cdc_valid_from_lsn").collect()
+    assert [(r["v"], r["_cdc_is_current"]) for r in history] == [(0, False), (7, True)]
+    assert (tmp_path / "checkpoints" / "delta-history" / "commits").is_dir()
+    daemon.stop()
 
 
 # --------------------------------------------------------------------------- on a cluster
@@ -431,7 +546,7 @@ def test_the_same_job_on_a_standalone_cluster(
     # the driver registered with the cluster, whose executors ran the batches
     assert "Registering app cdc-sink-delta" in (spark_cluster.work_dir / "master.log").read_text()
     records = list(read_topic(TopicConfig(bootstrap_servers=broker_servers), f"{topic_prefix}.public.acct"))
-    assert _table(spark, warehouse, "changes", "acct").count() == len(records)
+    assert _changes(spark, warehouse, f"{topic_prefix}.public.acct").count() == len(records)
     daemon.stop()
 
 
@@ -484,7 +599,7 @@ def test_correct_over_compaction_gaps_and_dropped_tombstones(
     sink.once()  # reads across the gaps; the deletes arrive as lone tombstones
     source = {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct")}
     assert _acct_state(spark, warehouse) == source
-    changes = _table(spark, warehouse, "changes", "acct").select("_cdc_partition", "_cdc_offset").collect()
+    changes = _changes(spark, warehouse, topic).select("_cdc_partition", "_cdc_offset").collect()
     assert sorted(tuple(r) for r in changes) == sorted(set(tuple(r) for r in changes))
 
     # tombstones dropped after delete.retention.ms. The cleaner stamps a tombstone's delete

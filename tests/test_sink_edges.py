@@ -34,7 +34,9 @@ PARTITIONS = 3
 _READ_DELTA = """
 import json, os, sys
 from deltalake import DeltaTable
-rows = DeltaTable(sys.argv[1]).to_pyarrow_table(columns=["id", "v"]).to_pylist()
+history = sys.argv[1].split("/")[-3] == "history"
+rows = DeltaTable(sys.argv[1]).to_pyarrow_table(columns=["id", "v", *(["_cdc_is_current"] if history else [])])
+rows = [r for r in rows.to_pylist() if not history or r["_cdc_is_current"]]
 sys.stdout.write(json.dumps(sorted([r["id"], r["v"]] for r in rows)))
 sys.stdout.flush()
 os._exit(0)
@@ -57,10 +59,12 @@ def _values(ids: list[int], tag: str) -> str:
 
 def sink_config(tmp_path: Path, db: Any, servers: str, prefix: str, search_url: str, cache_url: str,
                 **spark: Any) -> Path:
-    """One config for the three stores (the daemon's own is cdc.toml)."""
+    """One config for the three stores (the daemon's own is cdc.toml). The warehouse's history
+    query reads one file of the change log per batch: a truncate and the rows it removes
+    fall into different history batches, as they do into the job's."""
     return write_config(
         tmp_path / "sink.toml", db.dsn, servers, prefix, ["public.*"],
-        delta={"path": str(tmp_path / "warehouse")},
+        delta={"path": str(tmp_path / "warehouse"), "history_batch_bytes": 1},
         search={"url": search_url, "replicas": 0},
         cache={"url": cache_url},
         spark={"checkpoint_dir": str(tmp_path / "checkpoints"), **spark},
@@ -68,7 +72,8 @@ def sink_config(tmp_path: Path, db: Any, servers: str, prefix: str, search_url: 
 
 
 def store_rows(store: str, tmp_path: Path, prefix: str, table: str, search_url: str, cache_url: str) -> list:
-    """[id, v] of every row the store holds for `public.<table>`, sorted."""
+    """[id, v] of every row the store holds for `public.<table>`, sorted (`delta history`: the
+    current versions of the warehouse's history)."""
     topic = topic_name(prefix, "public", table)
     if store == "cache":
         rows = [row for key, row in _visible(redis.Redis.from_url(cache_url), prefix).items()
@@ -76,7 +81,7 @@ def store_rows(store: str, tmp_path: Path, prefix: str, table: str, search_url: 
     elif store == "search":
         rows = list(_rows(search_url, topic).values())
     else:
-        path = tmp_path / "warehouse" / "current" / "public" / table
+        path = tmp_path / "warehouse" / ("history" if store == "delta history" else "current") / "public" / table
         done = subprocess.run([sys.executable, "-c", _READ_DELTA, str(path)], capture_output=True, text=True,
                               check=True, timeout=120)
         return json.loads(done.stdout)
@@ -116,10 +121,11 @@ def test_a_truncate_read_before_or_after_the_rows_it_removes(
     for store in STORES:
         Sink(config, tmp_path / f"{store}.log", store=store).once()
         for table, rows in expected.items():
-            held = store_rows(store, tmp_path, topic_prefix, table, opensearch.url, redis_server.url)
-            extra, missing = [r for r in held if r not in rows], [r for r in rows if r not in held]
-            if extra or missing:
-                wrong[f"{store} {table}"] = f"{len(extra)} rows PostgreSQL does not have, {len(missing)} missing"
+            for held_in in (store, "delta history") if store == "delta" else (store,):
+                held = store_rows(held_in, tmp_path, topic_prefix, table, opensearch.url, redis_server.url)
+                extra, missing = [r for r in held if r not in rows], [r for r in rows if r not in held]
+                if extra or missing:
+                    wrong[f"{held_in} {table}"] = f"{len(extra)} rows PostgreSQL does not have, {len(missing)} missing"
     assert wrong == {}
     assert daemon.stop() == 0
 

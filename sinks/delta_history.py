@@ -1,0 +1,158 @@
+"""`history/`: SCD type 2, kept from the warehouse's change log by a streaming query of its own.
+
+`cdc sink delta` runs two queries in one process: the topics into `current/` and the change
+log (sinks.delta), and this one, the change log (Delta as a streaming source) into
+`history/`, with its own checkpoint (`<checkpoint_dir>/delta-history`) and trigger (`[delta]
+history_interval_s`). The current state never waits for history's MERGEs, and history makes
+one commit per table per batch of its own, which gathers many of the job's batches.
+
+It is a sink job like the others (sinks.pipeline) on another feed: the same decoding with
+the table versions, the same truncate bookkeeping (each table's newest truncate in its own
+record, `<root>/_cdc/delta-history.json`, so `TableBatch.known` carries the truncates read
+in earlier batches), the same check that the store holds what the query committed. Exactly
+once: new versions are written only above the history table's own per-partition offset
+watermark, read back from the table when the query starts; ending a version is
+offset-guarded; one MERGE per table and batch ends the old versions and inserts the new
+ones, so they commit together. A history found behind its checkpoint (a restored backup)
+reads the whole log again, and the watermarks skip what it holds.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdc.config import Config
+from sinks import hadoop, history
+from sinks.batch import TableBatch
+from sinks.delta import (
+    HISTORY_META,
+    Warehouse,
+    above,
+    check_layout,
+    ensure_log,
+    log_path,
+    q,
+    table_path,
+)
+from sinks.envelope import CHANGE_COLUMNS
+from sinks.pipeline import Feed
+from sinks.store import Truncate
+
+
+class LogFeed(Feed):
+    """The warehouse's change log as a Delta streaming source: its rows are change rows already."""
+
+    settles = False  # no heartbeats in the log: history's progress is per table
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def stream(self, spark: SparkSession, config: Config) -> DataFrame:
+        return (spark.readStream.format("delta").option("maxFilesPerTrigger", "1000000")
+                .option("maxBytesPerTrigger", str(config.delta.history_batch_bytes)).load(self.path))
+
+    def rows(self, records: DataFrame) -> DataFrame:
+        none = F.lit(None).cast("string")
+        return records.select(*CHANGE_COLUMNS, none.alias("_cdc_error"), none.alias("_value"))
+
+    def interval_s(self, config: Config) -> float:
+        return config.delta.history_interval_s
+
+
+class HistoryStore(Warehouse):
+    """`history/<schema>/<table>` from the change log's rows, one MERGE per table and batch."""
+
+    feed: LogFeed
+
+    def __init__(self, spark: SparkSession, root: str, name: str = "delta-history") -> None:
+        super().__init__(spark, root, name)
+        self.where = f"the history of the Delta warehouse at {root}"
+        self.feed = LogFeed(log_path(root))
+
+    def open(self, resumed: bool) -> None:
+        check_layout(self.spark, self.root)
+        ensure_log(self.spark, self.feed.path)
+
+    def clear(self) -> None:
+        """Only the bookkeeping: `history/` keeps every version (the topics no longer hold the
+        superseded ones), and its watermarks skip what it has when the log is read again."""
+        hadoop.delete(self.spark, self.record)
+
+    def truncate(self, topic: str, truncate: Truncate) -> None:
+        """Nothing here: the history MERGE ends the versions a truncate ends (`TableBatch.known`)."""
+
+    def steps(self) -> tuple:
+        return (self._history_step,)
+
+    def _history_step(self, batch: TableBatch) -> None:
+        self._write("history", self._history, batch)
+
+    def _history(self, batch: TableBatch) -> None:
+        """One MERGE: it ends the current versions of the batch's keys and inserts the batch's
+        new versions (those with a null `_merge_key`, which match nothing)."""
+        path = table_path(self.root, "history", batch.topic)
+        table = self._table(path, batch.columns, HISTORY_META, batch.display)
+        new = history.versions(batch.rows, batch.columns, batch.known).where(above(self._watermark(path)))
+        source = history.first_changes(batch.rows).withColumn("_merge_key", F.col("_cdc_key")).unionByName(
+            new.withColumn("_merge_key", F.lit(None).cast("string")), allowMissingColumns=True
+        )
+        (
+            table.alias("t")
+            .merge(source.alias("s"), "t._cdc_key = s._merge_key AND t._cdc_is_current AND t._cdc_offset < s._cdc_offset")
+            .whenMatchedUpdate(set=_ended(batch.known))
+            .whenNotMatchedInsert(
+                condition="s._merge_key IS NULL",
+                values={q(n): f"s.{q(n)}" for n in [*batch.columns, *HISTORY_META.fieldNames()]},
+            )
+            .execute()
+        )
+        for lsn, seq, ts_ms in batch.truncates:  # the versions of keys the batch did not change
+            table.update(
+                condition=f"_cdc_is_current AND (_cdc_valid_from_lsn < {lsn} OR "
+                f"(_cdc_valid_from_lsn = {lsn} AND _cdc_valid_from_seq < {seq}))",
+                set={
+                    "_cdc_valid_to": f"timestamp_millis({ts_ms})",
+                    "_cdc_valid_to_lsn": str(lsn),
+                    "_cdc_valid_to_seq": str(seq),
+                    "_cdc_is_current": "false",
+                    "_cdc_deleted": "true",
+                },
+            )
+        self._advance(path, batch.offsets)
+
+    def rebuild(self, rows: DataFrame, batch: TableBatch) -> None:
+        """Replace `history` of one table by the versions of every change in the log."""
+        path = table_path(self.root, "history", batch.topic)
+        self._table(path, batch.columns, HISTORY_META, batch.display)
+        history.versions(rows, batch.columns, batch.truncates).write.format("delta").mode("overwrite").option(
+            "overwriteSchema", "false"
+        ).save(path)
+        with self._lock:
+            self._watermarks.pop(path, None)
+
+
+def _ended(truncates: list[tuple[int, int, int]]) -> dict[str, str | Column]:
+    """How history's MERGE ends a current version `t` by the key's first change `s`: at the first
+    truncate after `t` began, when that comes before `s` (or `s`, a lone tombstone, has no
+    position), else at `s`; a truncate or a delete marks it deleted."""
+    ends = {"ts": "s._cdc_ts", "lsn": "s._cdc_lsn", "seq": "s._cdc_seq"}
+    cases = {name: "" for name in ends}
+    deleted = "s._deletes"
+    for lsn, seq, ts_ms in truncates:
+        after_t = f"({lsn} > t._cdc_valid_from_lsn OR ({lsn} = t._cdc_valid_from_lsn AND {seq} > t._cdc_valid_from_seq))"
+        before_s = f"(s._cdc_lsn IS NULL OR {lsn} < s._cdc_lsn OR ({lsn} = s._cdc_lsn AND {seq} < s._cdc_seq))"
+        when = f" WHEN {after_t} AND {before_s} THEN "
+        for name, value in (("ts", f"timestamp_millis({ts_ms})"), ("lsn", str(lsn)), ("seq", str(seq))):
+            cases[name] += when + value
+        deleted = f"({after_t} AND {before_s}) OR " + deleted
+    end = {name: f"CASE{cases[name]} ELSE {ends[name]} END" if cases[name] else ends[name] for name in ends}
+    return {
+        "_cdc_valid_to": end["ts"],
+        "_cdc_valid_to_lsn": end["lsn"],
+        "_cdc_valid_to_seq": end["seq"],
+        "_cdc_is_current": "false",
+        "_cdc_deleted": deleted,
+    }
+
+
