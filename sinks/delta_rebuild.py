@@ -21,6 +21,7 @@ the live job had applied already could bring back a row a later delete removed.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from pyspark.sql import SparkSession
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 NAME = "delta-rebuild"
 LIVE = "delta"  # the live job's name: its checkpoint, its lease
+LIVE_PASS_S = 300.0  # how long a switch waits for a running live job to get past the rebuild's passes
 
 
 class CurrentOnly(DeltaStore):
@@ -88,6 +90,7 @@ class Rebuild:
         then each one's rows into its `current/` table, one commit per table; (table path,
         rows) of each."""
         handover = RebuildSide(self.spark, self.path, LIVE)
+        self._let_live_pass(handover)
         handover.request()
         try:
             live = handover.wait_for_live(self.stop)
@@ -106,10 +109,28 @@ class Rebuild:
         finally:
             handover.release()
 
+    def _let_live_pass(self, handover: RebuildSide) -> None:
+        """Before the pause, give a running live job up to LIVE_PASS_S to commit past where
+        the rebuild's passes ended. Else it would read that stretch again after the switch,
+        over rows that are ahead of it: a row deleted in it would show until the job got to
+        the delete again (for a batch or so)."""
+        mine = checkpoint(self.config, NAME)
+        committed = checkpoints.last_committed(self.spark, mine)
+        ours = checkpoints.offsets(self.spark, mine, committed) if committed is not None else None
+        live = checkpoint(self.config, LIVE)
+        deadline = time.monotonic() + LIVE_PASS_S
+        while ours and handover.live_running() and time.monotonic() < deadline and not self.stop():
+            done = checkpoints.last_committed(self.spark, live)
+            theirs = (checkpoints.offsets(self.spark, live, done) if done is not None else None) or {}
+            if all(theirs.get(topic, {}).get(part, 0) >= offset for topic, parts in ours.items()
+                   for part, offset in parts.items()):
+                return
+            time.sleep(1.0)
+
     def _catch_up(self) -> None:
         """One batch into the rebuilt tables from where their passes ended up to where the
-        live job's last planned batch ends (partitions the rebuild read further stay as they
-        are: the live job reads them again, position-guarded)."""
+        live job's last planned batch ends (a partition the rebuild read further, the live
+        job not running or slow, stays as it is: the job reads it again, position-guarded)."""
         live = checkpoints.offsets(self.spark, checkpoint(self.config, LIVE))
         if live is None:
             return  # the live job never started: it reads everything, from the earliest offsets

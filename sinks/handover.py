@@ -127,13 +127,17 @@ class RebuildSide:
         while True:
             if hadoop.read_bytes(self.spark, self.live.answer) == self.token:
                 return "paused"
-            age = hadoop.age_s(self.spark, self.live.lease)
-            if age is None or age > STALE_S:
+            if not self.live_running():
                 return "not running"
             if stop():
                 raise SinkStopped("the rebuild stopped while it waited for `cdc sink delta` to pause; current/ is "
                                   "untouched: run `cdc delta rebuild` again to go on from where it stopped")
             time.sleep(0.5)
+
+    def live_running(self) -> bool:
+        """Whether the live job holds a fresh lease."""
+        age = hadoop.age_s(self.spark, self.live.lease)
+        return age is not None and age <= STALE_S
 
     def held(self) -> bool:
         """The request is still this rebuild's (a live job that found it stale removed it)."""
