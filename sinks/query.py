@@ -40,7 +40,9 @@ def run(
                 handover.beat()
                 if handover.requested():
                     handover.hold(stop_requested)
-            if stop_requested() or not _query(spark, config, job, checkpoint, once, stop_requested):
+                    if stop_requested():
+                        return job.progress
+            if not _query(spark, config, job, checkpoint, once, stop_requested):
                 return job.progress
     finally:
         if handover is not None:
