@@ -172,7 +172,7 @@ def test_a_delta_rebuild_replaces_current_while_readers_and_the_job_go_on(
     assert "WRITE" in spark_free.stdout and "MERGE" in spark_free.stdout, spark_free.stdout + spark_free.stderr
     assert not (tmp_path / "warehouse" / "_cdc" / "rebuild").exists()
     assert not (tmp_path / "checkpoints" / "delta-rebuild").exists()
-    assert set(read_progress(TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix))) == {"delta"}
+    assert set(read_progress(TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix))) == {"delta", "delta-history"}
     assert daemon.stop() == 0
 
 
