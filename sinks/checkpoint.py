@@ -42,3 +42,9 @@ def offsets(spark: SparkSession, checkpoint: str, batch: int | None = None) -> d
     # "v1", the batch's metadata, then a line per source: the Kafka source's {topic: {partition: offset}}
     source = orjson.loads(raw.decode().splitlines()[2])
     return {topic: {int(part): int(offset) for part, offset in parts.items()} for topic, parts in source.items()}
+
+
+def committed_offsets(spark: SparkSession, checkpoint: str) -> dict[str, dict[int, int]] | None:
+    """Per topic and partition, where the checkpoint's last committed batch ends (None: none)."""
+    committed = last_committed(spark, checkpoint)
+    return None if committed is None else offsets(spark, checkpoint, committed)

@@ -114,14 +114,11 @@ class Rebuild:
         the rebuild's passes ended. Else it would read that stretch again after the switch,
         over rows that are ahead of it: a row deleted in it would show until the job got to
         the delete again (for a batch or so)."""
-        mine = checkpoint(self.config, NAME)
-        committed = checkpoints.last_committed(self.spark, mine)
-        ours = checkpoints.offsets(self.spark, mine, committed) if committed is not None else None
+        ours = checkpoints.committed_offsets(self.spark, checkpoint(self.config, NAME))
         live = checkpoint(self.config, LIVE)
         deadline = time.monotonic() + LIVE_PASS_S
         while ours and handover.live_running() and time.monotonic() < deadline and not self.stop():
-            done = checkpoints.last_committed(self.spark, live)
-            theirs = (checkpoints.offsets(self.spark, live, done) if done is not None else None) or {}
+            theirs = checkpoints.committed_offsets(self.spark, live) or {}
             if all(theirs.get(topic, {}).get(part, 0) >= offset for topic, parts in ours.items()
                    for part, offset in parts.items()):
                 return
@@ -136,7 +133,7 @@ class Rebuild:
             return  # the live job never started: it reads everything, from the earliest offsets
         mine = checkpoint(self.config, NAME)
         committed = checkpoints.last_committed(self.spark, mine)
-        read = (checkpoints.offsets(self.spark, mine, committed) if committed is not None else None) or {}
+        read = checkpoints.committed_offsets(self.spark, mine) or {}
         start: dict[str, dict[int, int]] = {}
         end: dict[str, dict[int, int]] = {}
         for topic, parts in live.items():
