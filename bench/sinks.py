@@ -1391,6 +1391,7 @@ class SinksBench(Bench):
             out.append(f"| {r.store} apply / the room its server alone leaves, maxOffsetsPerTrigger {r.max_offsets:,} "
                        f"| {share:.2f} ({r.rate / ceiling.rate:.2f} / {room:.2f}) | >= 0.8 "
                        f"({'met' if share >= 0.8 else '**missed**'}) |")
+        return out
 
     def commits_report(self) -> list[str]:
         """Delta commits of each freshness run (the sink's whole life: its start, the warm-up, the
