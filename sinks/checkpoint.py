@@ -11,14 +11,14 @@ from sinks import hadoop
 
 def last_committed(spark: SparkSession, checkpoint: str) -> int | None:
     """The id of the checkpoint's last committed batch (None: no batch committed)."""
-    ids = [int(name) for name in hadoop.names(spark, checkpoint.rstrip("/") + "/commits") if name.isdigit()]
+    ids = [int(name) for name in hadoop.names(spark, hadoop.under(checkpoint, "commits")) if name.isdigit()]
     return max(ids) if ids else None
 
 
 def query_id(spark: SparkSession, checkpoint: str) -> str | None:
     """The query id Spark keeps in a checkpoint (None before the query first started on it):
     a deleted checkpoint's successor gets a new one."""
-    raw = hadoop.read_bytes(spark, checkpoint.rstrip("/") + "/metadata")
+    raw = hadoop.read_bytes(spark, hadoop.under(checkpoint, "metadata"))
     return str(orjson.loads(raw)["id"]) if raw else None
 
 
@@ -30,7 +30,7 @@ def drop(spark: SparkSession, checkpoint: str) -> None:
 def offsets(spark: SparkSession, checkpoint: str, batch: int | None = None) -> dict[str, dict[int, int]] | None:
     """Per topic and partition, where batch `batch` ends (None: the last batch planned,
     committed or not), from Spark's offset log (None: no such batch)."""
-    folder = checkpoint.rstrip("/") + "/offsets"
+    folder = hadoop.under(checkpoint, "offsets")
     if batch is None:
         ids = [int(name) for name in hadoop.names(spark, folder) if name.isdigit()]
         if not ids:

@@ -127,7 +127,7 @@ def needs_column_mapping(columns: dict[str, DataType]) -> bool:
 def table_path(root: str, kind: str, topic: str) -> str:
     """`<root>/<kind>/<schema>/<table>` with the topic's escaped names (its last two parts)."""
     schema, table = topic.rsplit(".", 2)[-2:]
-    return f"{root.rstrip('/')}/{kind}/{schema}/{table}"
+    return hadoop.under(root, f"{kind}/{schema}/{table}")
 
 
 def _newer(s: str = "s", t: str = "t") -> str:
@@ -156,7 +156,7 @@ class Warehouse(TableStore):
         self.spark = spark
         self.root = root
         self.where = f"the Delta warehouse at {root}"
-        self.record = under(root, f"_cdc/{name}.json")
+        self.record = hadoop.under(root, f"_cdc/{name}.json")
         # per table path: steps of different tables run in parallel threads, so each entry is
         # its own table's; the lock keeps the dictionaries themselves whole
         self._lock = threading.Lock()
@@ -289,7 +289,7 @@ class DeltaStore(Warehouse):
         """`current/`, which the topics rebuild; the change log and `history/` keep what they
         hold (superseded versions the compacted topics no longer have), and their offset
         watermarks skip what they already have."""
-        hadoop.delete(self.spark, under(self.root, "current"))
+        hadoop.delete(self.spark, hadoop.under(self.root, "current"))
         hadoop.delete(self.spark, self.record)
         with self._lock:
             for path in [p for p in self._schemas if "/current/" in p]:
@@ -379,7 +379,7 @@ class DeltaStore(Warehouse):
                 if DeltaTable.isDeltaTable(self.spark, self.log):
                     yield self.log
                 continue
-            for schema in hadoop.folders(self.spark, under(self.root, kind)):
+            for schema in hadoop.folders(self.spark, hadoop.under(self.root, kind)):
                 for path in hadoop.folders(self.spark, schema):
                     if DeltaTable.isDeltaTable(self.spark, path):
                         yield path
@@ -403,7 +403,7 @@ class DeltaStore(Warehouse):
         The old tables are moved aside to `_cdc/changes-per-table/` (one rename), each is
         appended to the new log with its own `txnAppId` (a run stopped half-way and started
         again appends none twice), and the moved-aside folder is deleted last."""
-        aside = under(self.root, MOVED_ASIDE)
+        aside = hadoop.under(self.root, MOVED_ASIDE)
         if hadoop.exists(self.spark, self.log) and not DeltaTable.isDeltaTable(self.spark, self.log):
             if hadoop.exists(self.spark, aside):
                 raise SinkStopped(f"both {self.log} and {aside} hold per-table change tables: merge them by hand")
@@ -426,13 +426,9 @@ class DeltaStore(Warehouse):
         return moved
 
 
-def under(root: str, part: str) -> str:
-    return f"{root.rstrip('/')}/{part}"
-
-
 def log_path(root: str) -> str:
     """The change log of the whole prefix."""
-    return under(root, "changes")
+    return hadoop.under(root, "changes")
 
 
 _LOG_CREATION = threading.Lock()  # the job and the history query start in one process
@@ -452,7 +448,7 @@ def check_layout(spark: SparkSession, root: str) -> None:
     the job stops and says how to move it."""
     log_at = log_path(root)
     old = hadoop.exists(spark, log_at) and not DeltaTable.isDeltaTable(spark, log_at)
-    if old or hadoop.exists(spark, under(root, MOVED_ASIDE)):
+    if old or hadoop.exists(spark, hadoop.under(root, MOVED_ASIDE)):
         raise SinkStopped(
             f"the Delta warehouse at {root} keeps changes/ per table (cdc before the one change log): stop the "
             "delta sink and run `cdc delta migrate --config <file>` once, which moves it to the one change log"

@@ -49,7 +49,7 @@ class CurrentOnly(DeltaStore):
 
     def __init__(self, spark: SparkSession, root: str) -> None:
         super().__init__(spark, root, NAME)
-        self.record = f"{root.rstrip('/')}/{NAME}.json"
+        self.record = hadoop.under(root, f"{NAME}.json")
         self.handover = None  # the rebuild does not pause for itself
 
     def open(self, resumed: bool) -> None:

@@ -9,6 +9,11 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 
+def under(root: str, part: str) -> str:
+    """`part` inside the folder `root` (which may end in a slash)."""
+    return f"{root.rstrip('/')}/{part}"
+
+
 def filesystem(spark: SparkSession, path: str) -> tuple[Any, Any]:
     """Hadoop's FileSystem for `path`, and the path."""
     jvm, jsc = spark._jvm, spark._jsc

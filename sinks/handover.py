@@ -44,7 +44,7 @@ POLL_S = 1.0  # how often the live job looks for a request between its batches
 
 
 def _folder(root: str) -> str:
-    return f"{root.rstrip('/')}/_cdc"
+    return hadoop.under(root, "_cdc")
 
 
 class LiveSide:
