@@ -112,8 +112,14 @@ def test_a_truncate_read_before_or_after_the_rows_it_removes(
                f"INSERT INTO public.ins VALUES {_values(own[60:], 'z')}; COMMIT")
     wait_caught_up(db.dsn, slot, daemon)
 
+    # 1,252 records (with the tombstones of the daemon's truncate clean-ups), 200 a batch: 7
+    # batches, each taking the same share of every partition's backlog (Spark prorates the
+    # limit). old's TRUNCATE, alone in its partition, is read in batch 0, the 150 rows before
+    # it in batches 0-3; ins's, half-way through its partition, in batch 3, after most of the
+    # 60 rows written before it. Any limit that makes several batches splits them so: 60 (22
+    # batches) only made each store run three times as many, at seconds a batch.
     config = sink_config(tmp_path, db, broker_servers, topic_prefix, opensearch.url, redis_server.url,
-                         max_offsets_per_trigger=60)
+                         max_offsets_per_trigger=200)
     expected = {table: sorted([i, v] for i, v in db.fetchall(f"SELECT id, v FROM public.{table}"))
                 for table in ("old", "ins")}
     assert len(expected["old"]) == 20 and len(expected["ins"]) == 5
