@@ -104,10 +104,12 @@ def local_broker(tmp_path: Path) -> Iterator[LocalKafka]:
         yield dedicated
 
 
-@pytest.fixture
-def eager_broker(tmp_path: Path) -> Iterator[LocalKafka]:
-    """A broker whose log cleaner looks for work every half second (the default is 15 s)."""
-    with LocalKafka(tmp_path / "kafka", settings={"log.cleaner.backoff.ms": "500"}) as kafka:
+@pytest.fixture(scope="session")
+def eager_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A broker whose log cleaner looks for work every half second (the default is 15 s),
+    shared by the session like `broker`: its tests compact topics of their own prefix, and
+    none restarts or kills it (those take `local_broker`)."""
+    with LocalKafka(tmp_path_factory.mktemp("eager-broker"), settings={"log.cleaner.backoff.ms": "500"}) as kafka:
         yield kafka
 
 
