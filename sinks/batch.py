@@ -68,15 +68,20 @@ def merged_columns(versions: list[Version]) -> dict[str, DataType]:
 
 
 def _decoded(rows: DataFrame, version: Version, columns: dict[str, DataType]) -> DataFrame:
-    """`rows` of one version with typed source columns; a bad value sets `_cdc_error`."""
+    """`rows` of one version with typed source columns; a bad value sets `_cdc_error`.
+
+    Every record of the warehouse is decoded here twice (the job, then history's query), so
+    it keeps to expressions Spark compiles: a lambda (`forall`, `filter`) runs interpreted
+    per row, and without the three it had, decoding took 30 % less CPU
+    (bench/delta_stages.py: 6.5-6.7 against 9.4 CPU s per 200,000 changes over 5 tables)."""
     after = F.from_json(F.col("after"), "map<string,string>")
     decoded = rows.withColumn("_after", after)
     m = F.col("_after")
-    names = F.array(*[F.lit(n) for n in version.names])
     has_row = F.col("_cdc_op").isin("r", "c", "u")
-    mismatch = has_row & (
-        m.isNull() | (F.size(m) != len(version.names)) | ~F.forall(F.map_keys(m), lambda k: F.array_contains(names, k))
-    )
+    has_all = F.lit(True)  # with as many keys as names, the same names
+    for name in version.names:
+        has_all = has_all & F.map_contains_key(m, name)
+    mismatch = has_row & (m.isNull() | (F.size(m) != len(version.names)) | ~has_all)
     typed: list[Column] = []
     errors: list[Column] = []
     missing: list[Column] = []
@@ -94,11 +99,11 @@ def _decoded(rows: DataFrame, version: Version, columns: dict[str, DataType]) ->
     error = F.when(
         mismatch,
         F.lit(f"the event's columns are not those of table version {version.display} from LSN {version.from_lsn}"),
-    ).otherwise(F.when(has_row, F.concat_ws("; ", F.filter(F.array(*errors), lambda e: e.isNotNull()))))
+    ).otherwise(F.when(has_row, F.concat_ws("; ", *errors)))  # concat_ws skips the nulls
     return decoded.select(
         *CHANGE_COLUMNS,
         *typed,
-        F.when(has_row, F.filter(F.array(*missing), lambda e: e.isNotNull())).alias(UNAVAILABLE),
+        F.when(has_row, F.array_compact(F.array(*missing))).alias(UNAVAILABLE),
         F.coalesce(F.nullif(error, F.lit("")), F.col("_cdc_error")).alias("_cdc_error"),
         "_value",
     )

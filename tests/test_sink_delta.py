@@ -341,6 +341,55 @@ def test_a_malformed_record_reaches_the_dead_letter_topic_and_the_job_goes_on(
     daemon.stop()
 
 
+def test_decoding_names_each_bad_value_and_sets_unchanged_toast_apart(spark: SparkSession) -> None:
+    """What the job and history's query make of each event of a table version: the typed row,
+    the reason a dead letter gets (every value that does not fit, or columns that are not the
+    version's, also as many of them under another name), the columns an update did not send."""
+    from sinks.batch import UNAVAILABLE, decode_table
+    from sinks.envelope import CHANGE_COLUMNS
+    from sinks.versions import TOAST_PLACEHOLDER, ColumnShape, Registry, Version
+
+    topic = "p.public.t"
+    shape = (
+        ColumnShape("id", "int4", -1, True, {"type": "int32"}),
+        ColumnShape("note", "text", -1, False, {"type": "string"}),
+        ColumnShape("n", "numeric", ((5 << 16) | 2) + 4, False, {"type": "string"}),
+        ColumnShape("at", "timestamptz", -1, False, {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}),
+    )
+    registry = Registry([Version("public", "t", topic, 1, shape)])
+    at = '"2026-11-27T10:00:00Z"'
+    afters = [
+        ("c", f'{{"id":1,"note":"a","n":"1.50","at":{at}}}'),
+        ("u", '{"id":2,"note":"b","n":"NaN","at":"yesterday"}'),
+        ("c", '{"id":3,"note":"c"}'),
+        ("c", f'{{"id":4,"note":"d","n":"1","other":{at}}}'),
+        ("u", f'{{"id":5,"note":"{TOAST_PLACEHOLDER}","n":"2.00","at":{at}}}'),
+        ("d", None),
+    ]
+    rows = spark.createDataFrame(
+        [(topic, 0, offset, f'{{"id":{offset}}}', op, 10 + offset, 10 + offset, None, 7, None, False, None, after,
+          None, after) for offset, (op, after) in enumerate(afters, 1)],
+        "_cdc_topic string, _cdc_partition int, _cdc_offset bigint, _cdc_key string, _cdc_op string, _cdc_lsn bigint, "
+        "_cdc_seq bigint, _cdc_ts timestamp, _cdc_tx_id bigint, _cdc_snapshot string, _cdc_tombstone boolean, "
+        "before string, after string, _cdc_error string, _value string",
+    )
+    decoded, columns = decode_table(rows, registry, topic, 11, 16)
+    assert list(decoded.columns) == [*CHANGE_COLUMNS, "id", "note", "n", "at", UNAVAILABLE, "_cdc_error", "_value"]
+    got = [
+        (r["_cdc_offset"], r["id"], r["note"], r["n"], r[UNAVAILABLE], r["_cdc_error"])
+        for r in decoded.orderBy("_cdc_offset").collect()
+    ]
+    mismatch = "the event's columns are not those of table version public.t from LSN 1"
+    assert got == [
+        (1, 1, "a", Decimal("1.50"), [], None),
+        (2, 2, "b", None, [], "n: value does not fit decimal(5,2); at: value does not fit timestamp"),
+        (3, 3, "c", None, [], mismatch),
+        (4, 4, "d", Decimal("1.00"), [], mismatch),
+        (5, 5, None, Decimal("2.00"), ["note"], None),
+        (6, None, None, None, None, None),
+    ]
+
+
 # --------------------------------------------------------------------------- crashes and replays
 
 
