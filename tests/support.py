@@ -314,11 +314,12 @@ class Sink:
         assert done.returncode == exit_code, done.stdout + done.stderr[-4000:]
         return done.stdout if exit_code == 0 else done.stderr
 
-    def start(self) -> None:
+    def start(self, env: dict[str, str] | None = None) -> None:
         self._out = open(self.log, "a", encoding="utf-8")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cdc", "sink", self.store, "--config", str(self.config)],
             stdout=self._out, stderr=subprocess.STDOUT, cwd=self.config.parent, start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
 
     def stop(self, timeout: float = 300) -> int:
@@ -357,6 +358,20 @@ class Sink:
             self.start()
             wait_for(lambda before=before: self.batches() > before, SINK_TIMEOUT_S, "a batch")
             time.sleep(delay_s)
+            self.kill9()
+
+    def kill9_after(self, lines: tuple[str, ...]) -> None:
+        """Per line: start streaming (logging at DEBUG), wait for a completed batch, then kill -9
+        the job as soon as its log has one more `line`: a step of a batch that the job logs
+        when it is done (`sinks.delta: public.acct: current`: between the `current` MERGE and the
+        change log's append), so the kill lands between two of the batch's commits."""
+        for line in lines:
+            before = self.batches()
+            self.start(env={"CDC_DAEMON_LOG_LEVEL": "DEBUG"})
+            wait_for(lambda before=before: self.batches() > before, SINK_TIMEOUT_S, "a batch")
+            seen = self.log.read_text().count(line)
+            wait_for(lambda line=line, seen=seen: self.log.read_text().count(line) > seen, SINK_TIMEOUT_S, line,
+                     poll=0.05)
             self.kill9()
 
 

@@ -122,7 +122,7 @@ def _bits_text(value: Any) -> Any:
 def _config(tmp_path: Path, db: Any, servers: str, prefix: str, **extra: dict) -> Path:
     return write_config(
         tmp_path / "cdc.toml", db.dsn, servers, prefix, ["public.*"],
-        delta={"path": str(tmp_path / "warehouse")},
+        delta={"path": str(tmp_path / "warehouse"), **extra.pop("delta", {})},
         spark={"checkpoint_dir": str(tmp_path / "checkpoints"), **extra.pop("spark", {})},
         **extra,
     )
@@ -423,11 +423,15 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
     db.execute(ACCT)
     db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 2000) g")
     daemon, slot = run_daemon(["public.acct"])
-    config = _config(tmp_path, db, broker_servers, topic_prefix, spark={"max_offsets_per_trigger": 700})
+    config = _config(tmp_path, db, broker_servers, topic_prefix, spark={"max_offsets_per_trigger": 700},
+                     delta={"history_interval_s": 5})
     warehouse = tmp_path / "warehouse"
     sink = Sink(config, tmp_path / "sink.log")
     with Writers(db.dsn, keys=3000, pause_s=0.05):
-        sink.kill9_mid_batches((0.5, 2.0, 4.0))  # mid-way through a batch's Delta commits
+        # between a batch's commits: `current` committed, not the change log; the change log
+        # committed, not the checkpoint; a history MERGE committed, not its query's checkpoint
+        sink.kill9_after(("DEBUG sinks.delta: public.acct: current ", "DEBUG sinks.delta: changes: ",
+                          "DEBUG sinks.delta: public.acct: history "))
         # streaming, then SIGTERM: a clean stop after the running batch
         sink.start()
         sink.next_batch()
