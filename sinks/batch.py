@@ -73,7 +73,7 @@ def _decoded(rows: DataFrame, version: Version, columns: dict[str, DataType]) ->
     Every record of the warehouse is decoded here twice (the job, then history's query), so
     it keeps to expressions Spark compiles: a lambda (`forall`, `filter`) runs interpreted
     per row, and without the three it had, decoding took 30 % less CPU
-    (bench/delta_stages.py: 6.5-6.7 against 9.4 CPU s per 200,000 changes over 5 tables)."""
+    (bench/delta_stages.py: 6.5-6.8 against 9.4 CPU s per 200,000 changes over 5 tables)."""
     after = F.from_json(F.col("after"), "map<string,string>")
     decoded = rows.withColumn("_after", after)
     m = F.col("_after")

@@ -354,9 +354,8 @@ class Sink:
         """Per delay: start streaming, wait for a completed batch, then kill -9 the job that
         long into the next one."""
         for delay_s in delays_s:
-            before = self.batches()
             self.start()
-            wait_for(lambda before=before: self.batches() > before, SINK_TIMEOUT_S, "a batch")
+            self.next_batch()
             time.sleep(delay_s)
             self.kill9()
 
@@ -366,9 +365,8 @@ class Sink:
         when it is done (`sinks.delta: public.acct: current`: between the `current` MERGE and the
         change log's append), so the kill lands between two of the batch's commits."""
         for line in lines:
-            before = self.batches()
             self.start(env={"CDC_DAEMON_LOG_LEVEL": "DEBUG"})
-            wait_for(lambda before=before: self.batches() > before, SINK_TIMEOUT_S, "a batch")
+            self.next_batch()
             seen = self.log.read_text().count(line)
             wait_for(lambda line=line, seen=seen: self.log.read_text().count(line) > seen, SINK_TIMEOUT_S, line,
                      poll=0.05)
