@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -14,6 +17,7 @@ from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
 from cdc.local.kafka import LocalKafka
 from cdc.local.postgres import LocalPostgres
+from cdc.local.process import GroupProcess, ServerProcess
 
 # --------------------------------------------------------------------------- PostgreSQL
 
@@ -214,3 +218,48 @@ def test_two_brokers_side_by_side_and_a_taken_port_fails_clearly(
         clash.start()
     assert "\n" not in str(info.value)
     assert local_broker.running
+
+
+class _Stubborn(ServerProcess):
+    """A server that ignores SIGTERM, as a JVM whose shutdown hangs does, and answers
+    SIGQUIT by writing its threads to its log, as a JVM does."""
+
+    NAME = "stubborn"
+    STOP_GRACE_S = 0.5
+    STOP_DUMP = signal.SIGQUIT
+    SCRIPT = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGQUIT, lambda *_: print('thread dump', flush=True))\n"
+        "print('up', flush=True)\n"
+        "while True: time.sleep(0.05)\n"
+    )
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = 0
+
+    def _launch(self) -> GroupProcess:
+        return GroupProcess([sys.executable, "-c", self.SCRIPT], self.data_dir / "stubborn.log", cwd=self.data_dir)
+
+    def _ready(self) -> bool:
+        return self._proc is not None and self._proc.logged(r"\bup\b")
+
+    def _ports(self) -> list[int]:
+        return []
+
+
+def test_a_server_that_ignores_sigterm_is_killed_after_its_grace_with_why_in_its_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = _Stubborn(tmp_path).start()
+    pid = server.pid
+    assert pid is not None
+    server.stop()
+    assert not server.running
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+    assert "thread dump" in (tmp_path / "stubborn.log").read_text()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"stubborn (pid {pid}) did not stop within 0.5 s of SIGTERM: killed; its log: {tmp_path / 'stubborn.log'}"
+    ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -98,6 +99,7 @@ class LocalKafkaConnect(ServerProcess):
     NAME = "Kafka Connect"
     START_TIMEOUT_S = 180.0
     STOP_GRACE_S = 30.0
+    STOP_DUMP = signal.SIGQUIT
     PORT_LOST = re.compile(r"Address already in use|Failed to bind")
 
     def __init__(

@@ -17,6 +17,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import urllib.request
 from pathlib import Path
 
@@ -57,6 +58,7 @@ class LocalOpenSearch(ServerProcess):
     """
 
     NAME = "OpenSearch"
+    STOP_DUMP = signal.SIGQUIT
     PORT_LOST = re.compile(r"BindHttpException|BindTransportException|Address already in use")
     START_TIMEOUT_S = 240.0  # ~12 s on a quiet machine; minutes when other JVMs are busy
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import pwd
 import re
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol, Self
 
 LOCALHOST = "127.0.0.1"
+
+log = logging.getLogger(__name__)
 
 
 class ServiceUnavailable(RuntimeError):
@@ -297,11 +300,18 @@ class GroupProcess:
                 return False
             time.sleep(0.05)
 
-    def terminate(self, grace_s: float = 30.0) -> None:
-        """SIGTERM the group; SIGKILL whatever is left after `grace_s`."""
+    def terminate(self, grace_s: float = 30.0, dump: signal.Signals | None = None) -> bool:
+        """SIGTERM the group; SIGKILL whatever is left after `grace_s`, first sending `dump`
+        (a JVM's SIGQUIT writes its threads to the log: why the shutdown hung). Whether it
+        stopped by itself."""
         self._signal_group(signal.SIGTERM)
-        if not self._group_gone(grace_s):
-            self.kill9()
+        if self._group_gone(grace_s):
+            return True
+        if dump is not None:
+            self._signal_group(dump)
+            time.sleep(1.0)
+        self.kill9()
+        return False
 
     def kill9(self) -> None:
         self._signal_group(signal.SIGKILL)
@@ -331,6 +341,7 @@ class ServerProcess:
     NAME = "a server"
     START_TIMEOUT_S = 120.0
     STOP_GRACE_S = 60.0  # after SIGTERM, before SIGKILL
+    STOP_DUMP: signal.Signals | None = None  # sent before that SIGKILL (a JVM: SIGQUIT, its threads to the log)
     PORT_LOST = re.compile(r"Address already in use")  # its log when another process won a port
     _proc: GroupProcess | None = None
     _auto_port = False  # ports chosen here (not by the caller) may be chosen again
@@ -392,8 +403,10 @@ class ServerProcess:
         """SIGTERM the group, SIGKILL what is left after STOP_GRACE_S; idempotent."""
         unregister(self)
         if self._proc is not None:
-            self._proc.terminate(grace_s=self.STOP_GRACE_S)
-            self._proc = None
+            proc, self._proc = self._proc, None
+            if not proc.terminate(grace_s=self.STOP_GRACE_S, dump=self.STOP_DUMP):
+                log.warning("%s (pid %d) did not stop within %g s of SIGTERM: killed; its log: %s",
+                            self.NAME, proc.pid, self.STOP_GRACE_S, proc.log_path)
 
     def kill9(self) -> None:
         """The crash: SIGKILL, no shutdown hook runs; `start` comes back on the same data."""
