@@ -62,8 +62,8 @@ def change_rows(records: DataFrame) -> DataFrame:
         ).alias("_env"),
     )
     rows = rows.select("*", F.from_json(F.col("_env.source.sequence"), "array<string>").alias("_sequence"))
-    sequence = F.col("_sequence")
-    lsn, seq = sequence[0].try_cast("long"), sequence[1].try_cast("long")
+    sequence = F.col("_sequence")  # `get`, not [i]: a short array is a dead letter, not a failed batch
+    lsn, seq = F.get(sequence, 0).try_cast("long"), F.get(sequence, 1).try_cast("long")
     tombstone = F.col("_value").isNull()
     env_col, key = F.col("_env"), F.col("_cdc_key")
     return rows.select(

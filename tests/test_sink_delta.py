@@ -341,6 +341,50 @@ def test_a_malformed_record_reaches_the_dead_letter_topic_and_the_job_goes_on(
     daemon.stop()
 
 
+def test_envelopes_become_change_rows_with_their_positions_or_the_reason_they_cannot(spark: SparkSession) -> None:
+    """What every sink reads of a Kafka record: the commit and change LSN from
+    `source.sequence` (Debezium's JSON array of two strings, the first null before any
+    commit), spacing and schema blocks allowed; anything else names the reason."""
+    from sinks.envelope import change_rows
+
+    def record(sequence: str | None, op: str = "c", schema: bool = False) -> str:
+        source = {"ts_ms": 1, "lsn": 20, **({"sequence": sequence} if sequence is not None else {})}
+        event = {"before": None, "after": {"id": 1}, "source": source, "op": op, "ts_ms": 2}
+        return json.dumps({"schema": {"type": "struct"}, "payload": event} if schema else event)
+
+    values = [
+        record('["10","20"]'), record('[null,"20"]'), record(' [ "10" , "20" ] '), record('["10","20"]', schema=True),
+        record('["10","20","30"]'), record('[10,20]'), record('["10"]'), record("[]"), record('"x"'),
+        record('{"a":1}'), record('["a","20"]'), record(None), record('["10","20"]', op="x"),
+        '{"op":"c","after":{"id":8}}', "not json at all", None,
+    ]
+    records = spark.createDataFrame(
+        [("p.public.t", 0, offset, b'{"id":1}', None if v is None else v.encode()) for offset, v in enumerate(values)],
+        "topic string, partition int, offset bigint, key binary, value binary",
+    )
+    got = [(r["_cdc_offset"], r["_cdc_op"], r["_cdc_lsn"], r["_cdc_seq"], r["_cdc_tombstone"], r["_cdc_error"])
+           for r in change_rows(records).orderBy("_cdc_offset").collect()]
+    bad_sequence = "source.sequence is not [commit LSN, change LSN]"
+    assert got == [
+        (0, "c", 10, 20, False, None),
+        (1, "c", None, 20, False, bad_sequence),
+        (2, "c", 10, 20, False, None),
+        (3, "c", 10, 20, False, None),
+        (4, "c", 10, 20, False, None),
+        (5, "c", 10, 20, False, None),
+        (6, "c", 10, None, False, bad_sequence),
+        (7, "c", None, None, False, bad_sequence),
+        (8, "c", None, None, False, bad_sequence),
+        (9, "c", None, None, False, bad_sequence),
+        (10, "c", None, 20, False, bad_sequence),
+        (11, "c", None, None, False, bad_sequence),
+        (12, "x", 10, 20, False, "unknown op x"),
+        (13, "c", None, None, False, bad_sequence),
+        (14, None, None, None, False, "value is not a Debezium change event (JSON object with op)"),
+        (15, None, None, None, True, None),
+    ]
+
+
 def test_decoding_names_each_bad_value_and_sets_unchanged_toast_apart(spark: SparkSession) -> None:
     """What the job and history's query make of each event of a table version: the typed row,
     the reason a dead letter gets (every value that does not fit, or columns that are not the
