@@ -1,24 +1,27 @@
 """Where the Delta job's CPU per change goes, stage by stage, and what a design change does to it.
 
-    python bench/delta_stages.py [--changes 200000] [--tables 5] [--batches 6]
-                                 [--variants default,deletion-vectors,broadcast-source,no-materialize]
+    python bench/delta_stages.py [--changes 200000] [--tables 5] [--batches 6] [--inserts 0.6]
+                                 [--variants default,deletion-vectors,broadcast-source,no-materialize,flat-history]
 
 bench/sinks.py measures the whole job against the textbook job on a real backlog; this one
 takes its CPU apart, without Kafka or PostgreSQL. Each variant runs in a child process of
 its own (a fresh driver JVM, the sink's session settings and the variant's). The child makes
 --batches micro-batches of --changes change rows over --tables tables shaped like
-bench/sinks.py's backlog tables (60 % inserts of new keys, 40 % updates of random stored
-keys), stores each batch (`localCheckpoint`, as the job does after its read), then runs the
+bench/sinks.py's backlog tables (--inserts of new keys, 60 % by default, the rest updates of
+random stored keys), stores each batch (`localCheckpoint`, as the job does after its read), then runs the
 job's own code on it, timing the CPU of its process group (Python and JVM) per stage:
 
 - decode: each table's rows decoded with its table version and stored
   (sinks.batch.decode_table, as sinks.pipeline.SinkJob._decode);
 - current: each table's `current` MERGE (sinks.delta.DeltaStore._current), the last change
   per key included;
-- change log: the batch's one append (sinks.delta.DeltaStore.after_tables).
+- change log: the batch's one append (sinks.delta.DeltaStore.after_tables);
+- history: each table's `history` MERGE (sinks.delta_history.HistoryStore._history), which
+  the history query makes over its own batches (here one per job batch).
 
 The first batch is reported apart (the JIT compiles most of Spark's and Delta's code then);
-the others give the median CPU per stage, and per change.
+the others give the median CPU per stage, and per change; the last batch is shown too (the
+tables are biggest then).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any
 from capture import group_cpu_seconds
 
 MARK = "@@stage "
-STAGES = ("store the batch", "decode", "current", "change log")
+STAGES = ("store the batch", "decode", "current", "change log", "history")
 #: per variant: session settings over the sink's own, and whether the MERGE source is broadcast
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
@@ -48,6 +51,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "broadcast-source": {},
     # Delta does not store the MERGE's source: it computes the last changes twice
     "no-materialize": {"spark.databricks.delta.merge.materializeSource": "none"},
+    # `history` not partitioned by `_cdc_is_current` (as cdc wrote it before): the MERGE that
+    # ends versions reads and rewrites the files of every version, not the current ones'
+    "flat-history": {},
 }
 
 
@@ -64,12 +70,14 @@ class Laps:
         self.spent[stage], self.clock = now - self.clock, now
 
 
-def child(variant: str, changes: int, tables: int, batches: int, root: str) -> None:
+def child(variant: str, changes: int, tables: int, batches: int, inserts: float, root: str) -> None:
     """One variant's run, reporting `MARK {json}` lines on stdout."""
     from pyspark.sql import functions as F
 
+    from sinks import delta_history
     from sinks.batch import decode_table, table_batch
     from sinks.delta import DeltaStore
+    from sinks.delta_history import HistoryStore
     from sinks.spark import build_session
     from sinks.versions import ColumnShape, Registry, Version
 
@@ -87,10 +95,14 @@ def child(variant: str, changes: int, tables: int, batches: int, root: str) -> N
     registry = Registry([Version("public", f"t{i}", topic, 1, columns) for i, topic in enumerate(topics)])
     store = DeltaStore(spark, root)
     store.open(resumed=False)
+    if variant == "flat-history":
+        delta_history.PARTITIONED_BY = None  # type: ignore[assignment]
+    history = HistoryStore(spark, root)
 
     def change_rows(first: int) -> Any:
         """Change rows (sinks.envelope.CHANGE_COLUMNS, `_cdc_error`, `_value`) of one batch."""
-        new, stored = int(changes * 0.6), int(first * 0.6)
+        new = changes if first == 0 else int(changes * inserts)  # the first batch inserts only
+        stored = 0 if first == 0 else changes + int((first - changes) * inserts)
         i = F.col("id") - first
         key = F.when(i < new, F.lit(stored) + i).otherwise(F.abs(F.xxhash64(F.col("id"))) % (stored + new))
         n = F.col("id")
@@ -114,12 +126,14 @@ def child(variant: str, changes: int, tables: int, batches: int, root: str) -> N
         lap = Laps(group)
         stored = change_rows(batch * changes).coalesce(2).localCheckpoint(eager=True)
         lap("store the batch")
+        last = (batch + 1) * changes - 1
+        offsets = {p: last - (last - p) % 3 for p in range(3)}  # the batch's highest offset per partition
         work = []
         for topic in topics:
             decoded, types = decode_table(stored.where(F.col("_cdc_topic") == topic), registry, topic, 0, 2**62)
             decoded = decoded.localCheckpoint(eager=True)
             work.append(table_batch(decoded.where(F.col("_cdc_error").isNull()), registry.versions(topic)[0], types,
-                                    [], {0: 0}, None, changes // tables))
+                                    [], offsets, None, changes // tables))
         lap("decode")
         for table in work:
             if variant == "broadcast-source":
@@ -128,6 +142,9 @@ def child(variant: str, changes: int, tables: int, batches: int, root: str) -> N
         lap("current")
         store.after_tables(work, batch, None)
         lap("change log")
+        for table in work:
+            history._history(table)
+        lap("history")
         print(MARK + json.dumps({"batch": batch, **lap.spent}), flush=True)
     held = spark.read.format("delta").load(f"{root}/current/public/t0").count()
     print(MARK + json.dumps({"rows": held}), flush=True)
@@ -137,7 +154,7 @@ def run_variant(variant: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     root = tempfile.mkdtemp(prefix="bench-delta-stages-")
     try:
         cmd = [sys.executable, __file__, "--child", variant, "--changes", str(args.changes), "--tables",
-               str(args.tables), "--batches", str(args.batches), "--root", root]
+               str(args.tables), "--batches", str(args.batches), "--inserts", str(args.inserts), "--root", root]
         done = subprocess.run(cmd, capture_output=True, text=True, start_new_session=True, check=False)
         lines = [json.loads(line[len(MARK):]) for line in done.stdout.splitlines() if line.startswith(MARK)]
         if done.returncode != 0 or not lines:
@@ -154,7 +171,7 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
     for variant, lines in results.items():
         batches = [line for line in lines if "batch" in line]
         rows = next((f"{line['rows']:,}" for line in lines if "rows" in line), "?")
-        for label, picked in (("first", batches[:1]), ("later", batches[1:])):
+        for label, picked in (("first", batches[:1]), ("later", batches[1:]), ("last", batches[-1:])):
             if not picked:
                 continue
             cpu = {s: statistics.median(b[s] for b in picked) for s in STAGES}
@@ -169,12 +186,13 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=200_000, help="change rows per batch")
     parser.add_argument("--tables", type=int, default=5)
     parser.add_argument("--batches", type=int, default=6)
-    parser.add_argument("--variants", default="default,deletion-vectors,broadcast-source,no-materialize")
+    parser.add_argument("--inserts", type=float, default=0.6, help="share of a batch's changes that insert new keys")
+    parser.add_argument("--variants", default="default,deletion-vectors,broadcast-source,no-materialize,flat-history")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.changes, args.tables, args.batches, args.root)
+        child(args.child, args.changes, args.tables, args.batches, args.inserts, args.root)
         return
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]

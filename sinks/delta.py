@@ -173,9 +173,12 @@ class Warehouse(TableStore):
         hadoop.write_bytes(self.spark, self.record, orjson.dumps(record))
 
     # -- tables ----------------------------------------------------------------------
-    def _table(self, path: str, columns: dict[str, DataType], meta: StructType, what: str) -> DeltaTable:
-        """The Delta table at `path` with at least `columns` + `meta`: created, or evolved
-        (new columns added, types widened); a change it cannot take raises TypeConflict."""
+    def _table(
+        self, path: str, columns: dict[str, DataType], meta: StructType, what: str, partitioned_by: str | None = None
+    ) -> DeltaTable:
+        """The Delta table at `path` with at least `columns` + `meta`: created (partitioned by
+        the `partitioned_by` column), or evolved (new columns added, types widened); a change it
+        cannot take raises TypeConflict."""
         spark = self.spark
         with self._lock:
             known = self._schemas.get(path)
@@ -184,6 +187,8 @@ class Warehouse(TableStore):
         if not DeltaTable.isDeltaTable(spark, path):
             schema = StructType([StructField(n, t) for n, t in columns.items()] + list(meta.fields))
             builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+            if partitioned_by is not None:
+                builder = builder.partitionedBy(partitioned_by)
             for key, value in (_COLUMN_MAPPING if needs_column_mapping(columns) else {}).items():
                 builder = builder.property(key, value)
             builder.execute()

@@ -39,6 +39,10 @@ from sinks.envelope import CHANGE_COLUMNS
 from sinks.pipeline import Feed
 from sinks.store import Truncate
 
+#: a version ends once: the MERGE that ends versions reads and rewrites the current ones'
+#: files only, as many as `current` has rows, not every version the table ever held
+PARTITIONED_BY = "_cdc_is_current"
+
 
 class LogFeed(Feed):
     """The warehouse's change log as a Delta streaming source: its rows are change rows already."""
@@ -92,7 +96,7 @@ class HistoryStore(Warehouse):
         """One MERGE: it ends the current versions of the batch's keys and inserts the batch's
         new versions (those with a null `_merge_key`, which match nothing)."""
         path = table_path(self.root, "history", batch.topic)
-        table = self._table(path, batch.columns, HISTORY_META, batch.display)
+        table = self._table(path, batch.columns, HISTORY_META, batch.display, PARTITIONED_BY)
         new = history.versions(batch.rows, batch.columns, batch.known).where(above(self._watermark(path)))
         source = history.first_changes(batch.rows).withColumn("_merge_key", F.col("_cdc_key")).unionByName(
             new.withColumn("_merge_key", F.lit(None).cast("string")), allowMissingColumns=True
@@ -122,12 +126,14 @@ class HistoryStore(Warehouse):
         self._advance(path, batch.offsets)
 
     def rebuild(self, rows: DataFrame, batch: TableBatch) -> None:
-        """Replace `history` of one table by the versions of every change in the log."""
+        """Replace `history` of one table by the versions of every change in the log (a
+        history written before its partitioning gets it)."""
         path = table_path(self.root, "history", batch.topic)
-        self._table(path, batch.columns, HISTORY_META, batch.display)
-        history.versions(rows, batch.columns, batch.truncates).write.format("delta").mode("overwrite").option(
-            "overwriteSchema", "false"
-        ).save(path)
+        detail = self._table(path, batch.columns, HISTORY_META, batch.display, PARTITIONED_BY).detail().first()
+        unpartitioned = detail is not None and detail["partitionColumns"] != [PARTITIONED_BY]
+        history.versions(rows, batch.columns, batch.truncates).write.format("delta").mode("overwrite").partitionBy(
+            PARTITIONED_BY
+        ).option("overwriteSchema", str(unpartitioned).lower()).save(path)
         with self._lock:
             self._watermarks.pop(path, None)
 

@@ -132,6 +132,12 @@ def _table(spark: SparkSession, warehouse: Path, kind: str, table: str = "wide")
     return spark.read.format("delta").load(str(warehouse / kind / "public" / table))
 
 
+def _partition_columns(spark: SparkSession, path: str) -> list[str]:
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+    assert detail is not None
+    return list(detail["partitionColumns"])
+
+
 def _changes(spark: SparkSession, warehouse: Path, topic: str) -> Any:
     """One table's records in the warehouse's change log (one Delta table for the prefix)."""
     return spark.read.format("delta").load(str(warehouse / "changes")).where(f"_cdc_topic = '{topic}'")
@@ -222,6 +228,8 @@ def test_current_changes_and_history_follow_the_source(
     assert [(r["_cdc_is_current"], r["_cdc_deleted"]) for r in by_id[2]] == [(False, True)]
     assert [(r["_cdc_is_current"], r["_cdc_deleted"]) for r in by_id[4]] == [(False, True)]  # the key change
     assert [r["_cdc_is_current"] for r in by_id[40]] == [True]
+    # the current versions apart from the ended ones: the MERGE that ends versions reads only those
+    assert _partition_columns(spark, str(warehouse / "history/public/wide")) == ["_cdc_is_current"]
     # the same tables through delta-rs and DuckDB (DuckDB over delta-rs's Arrow table)
     done = subprocess.run(
         [sys.executable, "-c", _OTHER_READERS, str(warehouse / "current/public/wide"),
@@ -500,11 +508,17 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
     # every table is optimized (the job's own compaction may have left nothing to do: "0 files compacted into 0")
     for table in ("current/public/acct", "changes", "history/public/acct"):
         assert re.search(rf"{re.escape(str(warehouse))}/{table}: \d+ files compacted into \d+", done.stdout)
+    # a history written by cdc before it was partitioned by `_cdc_is_current` gets that layout
+    history_path = str(warehouse / "history/public/acct")
+    _table(spark, warehouse, "history", "acct").localCheckpoint().write.format("delta").mode("overwrite").option(
+        "overwriteSchema", "true").save(history_path)
+    assert _partition_columns(spark, history_path) == []
     done = cdc("delta", "rebuild-history", "--config", str(config), timeout=SINK_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"public.acct: {len(history)} versions" in done.stdout
     rebuilt = sorted(tuple(r) for r in _table(spark, warehouse, "history", "acct").select(*history_columns).collect())
     assert rebuilt == history
+    assert _partition_columns(spark, history_path) == ["_cdc_is_current"]
     _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
 
     # a warehouse written by cdc before the one change log: the job stops and says how to move it
