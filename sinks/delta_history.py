@@ -39,8 +39,9 @@ from sinks.envelope import CHANGE_COLUMNS
 from sinks.pipeline import Feed
 from sinks.store import Truncate
 
-#: a version ends once: the MERGE that ends versions reads and rewrites the current ones'
-#: files only, as many as `current` has rows, not every version the table ever held
+#: the current versions apart from the ended ones: the MERGE that ends versions reads and
+#: rewrites the current ones' files (as many rows as `current` holds), not every version
+#: the table ever held
 PARTITIONED_BY = "_cdc_is_current"
 
 
