@@ -50,7 +50,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,6 +344,19 @@ class Workload:
     end_lsn_text: str = ""
 
 
+@contextlib.contextmanager
+def signals_ignored(*signals: signal.Signals) -> Iterator[None]:
+    """`signals` ignored inside (a second Ctrl-C must not stop a cleanup), as they were after:
+    left ignored, every process started later would inherit it (a JVM then never sees a
+    SIGTERM: the bench's own report test left the test session's servers unstoppable)."""
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -397,17 +410,16 @@ class Bench:
 
     def close(self) -> None:
         """End everything this run started, whatever state it is in."""
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
-        self.procs.close()
-        if self.broker is not None:
-            with contextlib.suppress(Exception):
-                self.broker.stop()
-        if self.pg is not None:
-            with contextlib.suppress(Exception):
-                self.pg.stop(mode="immediate")
-            with contextlib.suppress(Exception):
-                self.pg.close()
+        with signals_ignored(signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            self.procs.close()
+            if self.broker is not None:
+                with contextlib.suppress(Exception):
+                    self.broker.stop()
+            if self.pg is not None:
+                with contextlib.suppress(Exception):
+                    self.pg.stop(mode="immediate")
+                with contextlib.suppress(Exception):
+                    self.pg.close()
         if self.args.keep or self.failed:
             print(f"logs kept in {self.workdir}", file=sys.stderr)
             shutil.rmtree(self.workdir / "pg", ignore_errors=True)

@@ -461,17 +461,16 @@ class DebeziumBench:
         return "\n".join(lines)
 
     def close(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
-        self.procs.close()
-        if self._counter is not None:
-            self._counter.close()
-        for service in (self.connect, self.broker, self.pg):
-            if service is not None:
-                try:
-                    service.stop()
-                except Exception as exc:  # noqa: BLE001 (cleanup goes on)
-                    print(f"stopping {service!r}: {exc}", file=sys.stderr)
+        with capture.signals_ignored(signal.SIGINT, signal.SIGTERM):
+            self.procs.close()
+            if self._counter is not None:
+                self._counter.close()
+            for service in (self.connect, self.broker, self.pg):
+                if service is not None:
+                    try:
+                        service.stop()
+                    except Exception as exc:  # noqa: BLE001 (cleanup goes on)
+                        print(f"stopping {service!r}: {exc}", file=sys.stderr)
         if self.args.keep:
             print(f"kept {self.workdir}", file=sys.stderr)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -189,6 +190,16 @@ def db(pg: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[TestDataba
 def topic_prefix() -> str:
     """A topic prefix no other test uses, so tests sharing a broker never meet."""
     return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_is_not_left_ignored() -> Iterator[None]:
+    """An ignored SIGTERM is inherited by every process this one starts: a JVM server started
+    after such a test never stops on SIGTERM, and each stop waits out its grace period."""
+    yield
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        pytest.fail("the test left SIGTERM ignored in the test process: restore its handler")
 
 
 @pytest.fixture(autouse=True)
