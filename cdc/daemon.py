@@ -119,7 +119,7 @@ class Daemon:
         self.partition_counts: dict[str, int] = {}
         self.acks = Acks(
             config.daemon.max_pending_records, self.topic_limits,
-            on_commit=self.metrics.transactions.inc, while_waiting=self._send_status,
+            on_commit=self.metrics.transactions.inc, while_waiting=self._answer_server,
         )
         self._txn: Txn | None = None
         self._stream_xid: int | None = None
@@ -575,19 +575,34 @@ class Daemon:
             counts[table] = counts.get(table, 0) + 1
 
     def _send_status(self, force: bool = False) -> None:
+        """Answer the walsender, then send the records that report progress (snapshot
+        progress, heartbeat, metrics sample). Only from the stream loop: these sends may wait
+        for room themselves, so `Acks.make_room` calls `_answer_server` alone."""
+        lag_seconds = self._answer_server(force)
+        if lag_seconds is None:
+            return
+        confirmed, now = self.sent_confirmed, self.last_status
+        if self.incremental.progress and self.incremental.progress[0][0] < confirmed:
+            self._record_progress()
+        self._beat(confirmed, now)
+        self._sample(confirmed, now, lag_seconds)
+
+    def _answer_server(self, force: bool = False) -> float | None:
+        """Confirm `acks.confirmed` to the walsender (at most every 0.1 s unless `force`) and
+        bring the gauges up to date; returns the lag in seconds, or None when throttled.
+
+        This is all the daemon does while it waits for the broker to make room, so it sends
+        no record and waits on nothing: a send here would wait for room again, and again."""
         repl = self.repl
         if repl is None:
-            return
+            return None
         now = time.monotonic()
         if not force and now - self.last_status < 0.1:
-            return
+            return None
         confirmed = self.acks.confirmed
         repl.send_status(confirmed)
         self.last_status = now
         self.sent_confirmed = confirmed
-        if self.incremental.progress and self.incremental.progress[0][0] < confirmed:
-            self._record_progress()
-        self._beat(confirmed, now)
         m = self.metrics
         m.acked_lsn.set(confirmed)
         m.server_lsn.set(self.server_wal_end)
@@ -603,7 +618,7 @@ class Daemon:
         m.bytes.inc(self._bytes)
         self._totals[1] += self._bytes
         self._bytes = 0
-        self._sample(confirmed, now, lag_seconds)
+        return lag_seconds
 
     def _sample(self, confirmed: int, now: float, lag_seconds: float) -> None:
         """A point of the daemon's history every `metrics_interval_s` (see cdc.kafka.history)."""

@@ -4,13 +4,22 @@ confirmed LSN must never pass a record the broker did not acknowledge."""
 
 from __future__ import annotations
 
+from collections import deque
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from cdc import config as cdc_config
+from cdc.daemon import Daemon
+from cdc.events.records import Record
 from cdc.kafka.acks import Acks
+from cdc.kafka.heartbeat import heartbeat_topic
+from cdc.kafka.history import metrics_topic
 from cdc.kafka.producer import RECORD_OVERHEAD, Mark, ProducerError, RecordTooLarge
+from tests.support import write_config
 
 TOPIC = "p.public.t"
 
@@ -236,6 +245,55 @@ def test_make_room_raises_a_failure_instead_of_waiting_forever() -> None:
     producer.complete(0, failed=True)
     with pytest.raises(ProducerError):
         acks.send([record(0), record(0)])
+
+
+def test_a_send_from_while_waiting_is_refused_rather_than_waiting_inside_the_wait() -> None:
+    producer = FakeProducer()
+    acks = make_acks(producer, max_pending=2)
+    acks.while_waiting = lambda: acks.send([record(1)])
+    with pytest.raises(RuntimeError, match="while waiting for room"):
+        acks.send([record(0), record(0)])
+    assert not acks.waiting  # the next send after the failure is not refused
+    assert len(producer.log) == 2
+
+
+class _OutageThenBack(FakeProducer):
+    """A broker away for `polls` polls, then acknowledging everything at once."""
+
+    def __init__(self, polls: int) -> None:
+        super().__init__()
+        self.away = polls
+
+    def poll(self) -> None:
+        super().poll()
+        if self.polls >= self.away:
+            self.done = dict(self.sent)
+
+
+def test_the_daemon_waiting_for_room_answers_the_walsender_and_reports_after_the_wait(tmp_path) -> None:
+    """The regression of a broker outage under load: the window full, a metrics sample and a
+    heartbeat due. While it waits the daemon keeps the walsender answered and sends nothing;
+    once the broker is back the stream loop sends the sample and the heartbeat."""
+    path = write_config(
+        tmp_path / "cdc.toml", "postgresql://u@127.0.0.1:1/db", "127.0.0.1:1", "t", ["public.t"],
+        daemon={"max_pending_records": 10, "metrics_interval_s": 0.001},
+    )
+    daemon = Daemon(cdc_config.load(path, environ={}))
+    statuses: list[int] = []
+    daemon.repl = SimpleNamespace(send_status=statuses.append)  # type: ignore[assignment]
+    daemon.incremental = SimpleNamespace(progress=deque())  # type: ignore[assignment]
+    producer = _OutageThenBack(polls=300)
+    daemon.acks.producer = producer
+    daemon.acks.commit(5, 1)
+
+    daemon._send([Record(TOPIC, bytes([i]), b"{}", "public.t") for i in range(10)])  # the window is full: waits
+    assert len(statuses) >= 2  # answered at most every 0.1 s through a 0.6 s wait
+    assert {topic for topic, _, _ in producer.log} == {TOPIC}  # no sample, no heartbeat inside the wait
+
+    daemon._send_status(force=True)
+    sent = [topic for topic, _, _ in producer.log]
+    assert sent.count(metrics_topic("t")) == 1 and sent.count(heartbeat_topic("t")) == 1
+    assert daemon.metrics.registry.get_sample_value("cdc_events_total", {"table": "public.t"}) == 10
 
 
 # -- record size ---------------------------------------------------------------------------

@@ -11,15 +11,19 @@ It knows neither PostgreSQL nor the daemon, so tests drive it with a fake produc
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
 from cdc.kafka.producer import RECORD_OVERHEAD, Mark, Producer, RecordTooLarge
 
+log = logging.getLogger(__name__)
+
 NO_LIMIT = 1 << 62  # a topic without a known max.message.bytes
 # (topic, key, value, table): cdc.events.records.Record, or a plain tuple from the C renderer
 Outgoing = tuple[str, bytes, bytes | None, str]
+WAIT_LOG_S = 5.0  # a wait for room longer than this is an outage or a slow broker: logged
 
 
 def _nothing() -> None:
@@ -33,7 +37,9 @@ class Acks:
     (producer mark, commit end LSN, commit timestamp in µs) of the commits still waiting
     for acknowledgements, oldest first. `on_commit` runs once per commit confirmed (a
     metric); `while_waiting` runs between polls while `make_room` waits, so the caller can
-    keep other peers (the walsender) answered during backpressure.
+    keep other peers (the walsender) answered during backpressure. It must not send: a send
+    there could wait for room again, inside the wait (a broker outage under load would
+    recurse until the stack ran out), so `send` refuses to be called from it.
     """
 
     def __init__(
@@ -54,6 +60,7 @@ class Acks:
         self.pending: deque[tuple[Mark, int, int]] = deque()
         self.on_commit = on_commit
         self.while_waiting = while_waiting
+        self.waiting = False  # inside make_room: `send` is refused
 
     def send(self, records: Iterable[Outgoing]) -> int:
         """Send (topic, key, value, table) records in order; returns their key and value bytes.
@@ -62,6 +69,8 @@ class Acks:
         would refuse it on every retry. Too many unacknowledged records wait in `make_room`."""
         producer = self.producer
         assert producer is not None, "send after a failure without a new producer"
+        if self.waiting:
+            raise RuntimeError("Acks.send called while waiting for room (from while_waiting): it must not send")
         send, limits, default = producer.send, self.limits, self.default_limit
         sent_bytes = 0
         for topic, key, value, table in records:
@@ -102,14 +111,29 @@ class Acks:
             self.confirmed = lsn
 
     def make_room(self) -> None:
-        """Backpressure: wait until at most 80% of `max_pending` records are unacknowledged."""
+        """Backpressure: wait until at most 80% of `max_pending` records are unacknowledged.
+        A wait of more than WAIT_LOG_S says so once in the log, with how long it took."""
         low = self.max_pending * 0.8
-        while True:
-            self.advance()
-            if self.in_flight() <= low:
-                return
-            self.while_waiting()
-            time.sleep(0.002)
+        started = time.monotonic()
+        logged = False
+        self.waiting = True
+        try:
+            while True:
+                self.advance()
+                if self.in_flight() <= low:
+                    break
+                self.while_waiting()
+                if not logged and time.monotonic() - started >= WAIT_LOG_S:
+                    log.warning(
+                        "%d records unacknowledged: reading paused until the broker acknowledges them",
+                        self.in_flight(),
+                    )
+                    logged = True
+                time.sleep(0.002)
+        finally:
+            self.waiting = False
+        if logged:
+            log.info("reading resumed after %.1f s of backpressure", time.monotonic() - started)
 
     def drain(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for every sent record's fate, then confirm what was acknowledged."""
