@@ -286,7 +286,7 @@ class Daemon:
             producer = self._producer()
             chosen = [t for t in self.tables if t.display in self.plan.initial]
             InitialSnapshot(
-                cfg, self.catalog, state, self.acks, self.partition_counts, lambda: self.stopping
+                cfg, self.catalog, state, self.acks, self.partition_counts, lambda: self.stopping, self._snapshot_produced
             ).run(snapshot_name, self.acks.confirmed, chosen)
             state.initial = "done"
             send_state(producer, cfg.topic.prefix, state)
@@ -573,6 +573,14 @@ class Daemon:
         counts = self._table_counts
         for _, _, _, table in records:
             counts[table] = counts.get(table, 0) + 1
+
+    def _snapshot_produced(self, table: str, rows: int, size: int) -> None:
+        """Snapshot rows count as the table's events at once: the readers send them through
+        producers of their own, and no walsender answer flushes counts during the snapshot."""
+        self.metrics.events.labels(table).inc(rows)
+        self.metrics.bytes.inc(size)
+        self._totals[0] += rows
+        self._totals[1] += size
 
     def _send_status(self, force: bool = False) -> None:
         """Answer the walsender, then send the records that report progress (snapshot

@@ -59,6 +59,7 @@ class Task:
 @dataclass
 class RangeDone:
     rows: int
+    bytes: int  # key and value bytes of those rows, for the daemon's metrics
     last: list[str | None] | None  # the final row, held back for the coordinator to mark
 
 
@@ -122,12 +123,12 @@ def read_range(
         events = table_events(catalog, config, task.table)
         source = events.source(ts_us, "true", position, 0, None, position)
         send = _sender(Acks(config.daemon.max_pending_records, {events.topic: limit}, producer=producer), events)
-        rows, held = 0, None
+        rows, sent_bytes, held = 0, 0, None
         with conn.cursor().copy(task.table.copy_sql(task.after, task.upto)) as copy:
             for line in copy:
                 values = parse_line(line)
                 if held is not None:
-                    send(held, source)
+                    sent_bytes += send(held, source)
                     rows += 1
                     if rows % 5000 == 0 and _progress_queue is not None:
                         _progress_queue.put((task.table.display, 5000))
@@ -135,21 +136,22 @@ def read_range(
         deliver(producer, config.topic.delivery_timeout_ms / 1000)
         if _progress_queue is not None and rows % 5000:
             _progress_queue.put((task.table.display, rows % 5000))
-        return RangeDone(rows, held)
+        return RangeDone(rows, sent_bytes, held)
     finally:
         producer.close()
         conn.close()
         catalog.close()
 
 
-def _sender(acks: Acks, events: TableEvents) -> Callable[[list, bytes], None]:
-    """Render and send one row as a snapshot read (size check and backpressure: `acks`)."""
+def _sender(acks: Acks, events: TableEvents) -> Callable[[list, bytes], int]:
+    """Render and send one row as a snapshot read (size check and backpressure: `acks`);
+    the sender returns the row's key and value bytes."""
     topic, name = events.topic, events.name
     envelope, encode, send = events.envelope, events.encode, acks.send
 
-    def emit(values: list, source: bytes) -> None:
+    def emit(values: list, source: bytes) -> int:
         key, after = encode(values)
-        send(((topic, key, envelope("r", None, after, source), name),))
+        return send(((topic, key, envelope("r", None, after, source), name),))
 
     return emit
 
@@ -161,11 +163,12 @@ class InitialSnapshot:
     records a table done in the durable state only once all its rows are acknowledged.
 
     Sends through the daemon's `acks` (its producer, topic limits and backpressure); each
-    reader has a producer and an `Acks` of its own."""
+    reader has a producer and an `Acks` of its own, so the rows they produce reach the
+    daemon's metrics through `produced(table, rows, bytes)`, one call per finished range."""
 
     def __init__(
         self, config: Config, catalog: Catalog, state: SnapshotState, acks: Acks,
-        partitions: dict[str, int], stopping: Callable[[], bool],
+        partitions: dict[str, int], stopping: Callable[[], bool], produced: Callable[[str, int, int], None],
     ) -> None:
         assert acks.producer is not None
         self.config = config
@@ -175,6 +178,7 @@ class InitialSnapshot:
         self.producer = acks.producer
         self.partitions = partitions
         self.stopping = stopping
+        self.produced = produced
 
     def run(self, snapshot_name: str, consistent_point: int, tables: list[CapturedTable]) -> None:
         """Snapshot `tables` at C; each table is recorded done in the state once acknowledged."""
@@ -189,7 +193,8 @@ class InitialSnapshot:
             len(described), sum(estimates.values()), format_lsn(consistent_point), cfg.snapshot.parallelism,
         )
         # the shapes the readers render with reach the schema topic before any row
-        self.acks.send([version_record(table_events(self.catalog, cfg, t), consistent_point) for t in described])
+        events_of = {t.display: table_events(self.catalog, cfg, t) for t in described}
+        self.acks.send([version_record(events, consistent_point) for events in events_of.values()])
         deliver(self.producer, cfg.topic.delivery_timeout_ms / 1000)
         runs = {t.display: _TableRun(t, sum(1 for task in tasks if task.table is t)) for t in described}
         progress = Progress(estimates, cfg.snapshot.progress)
@@ -220,6 +225,7 @@ class InitialSnapshot:
                     run = runs[task.table.display]
                     run.tasks -= 1
                     run.rows += done.rows
+                    self.produced(events_of[task.table.display].name, done.rows, done.bytes)
                     if done.last is not None:
                         run.held.append(done.last)
                         progress.add(task.table.display, 1)
@@ -274,7 +280,8 @@ class InitialSnapshot:
 
     def _emit(self, table: SnapshotTable, values: list[str | None], marker: str, position: int, ts_us: int) -> None:
         events = table_events(self.catalog, self.config, table)
-        _sender(self.acks, events)(values, events.source(ts_us, marker, position, 0, None, position))
+        size = _sender(self.acks, events)(values, events.source(ts_us, marker, position, 0, None, position))
+        self.produced(events.name, 1, size)
 
     def _mark_done(self, table: SnapshotTable) -> None:
         """Durable before the next table counts: the records and then the state acknowledged."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import orjson
@@ -163,12 +164,20 @@ def test_status_and_metrics(db, broker_servers, topic_prefix, run_daemon, tmp_pa
 
     port = free_port()
     db.execute("CREATE TABLE public.m (id int PRIMARY KEY)")
+    db.execute("INSERT INTO public.m SELECT generate_series(1, 7)")
     daemon, slot = run_daemon(["public.m"], daemon={"metrics_port": port})
-    db.execute("INSERT INTO public.m SELECT generate_series(1, 10)")
+
+    def scrape() -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+    # the initial snapshot's rows count as the table's events (and bytes) before any change streams
+    wait_for(lambda: 'cdc_events_total{table="public.m"} 7.0' in scrape(), 20, "the snapshot's rows counted")
+    produced = re.search(r"^cdc_bytes_total (\S+)$", scrape(), re.M)
+    assert produced is not None and float(produced.group(1)) > 0
+    db.execute("INSERT INTO public.m SELECT generate_series(8, 17)")
     wait_caught_up(db.dsn, slot, daemon)
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    wait_for(lambda: 'cdc_events_total{table="public.m"} 10.0' in urllib.request.urlopen(
-        f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode(), 20, "the events counter")
+    metrics = scrape()
+    wait_for(lambda: 'cdc_events_total{table="public.m"} 17.0' in scrape(), 20, "the events counter")
     assert "cdc_last_acknowledged_lsn" in metrics and "cdc_lag_bytes" in metrics
 
     result = cdc("status", "--json", "--config", str(daemon.config))
@@ -176,11 +185,11 @@ def test_status_and_metrics(db, broker_servers, topic_prefix, run_daemon, tmp_pa
     status = json.loads(result.stdout)
     assert status["slot"]["name"] == slot and status["slot"]["active"] is True
     assert status["slot"]["wal_status"] == "reserved"
-    # caught up: the lag is at most a few WAL records the server wrote since, never the 10 rows
+    # caught up: the lag is at most a few WAL records the server wrote since, never the 10 streamed rows
     assert 0 <= status["slot"]["lag_bytes"] < 64 * 1024, status["slot"]
     assert status["slot"]["lag_bytes"] <= status["slot"]["retained_wal_bytes"]
     topic = topic_name(topic_prefix, "public", "m")
-    assert sum(status["topics"][topic].values()) == 10
+    assert sum(status["topics"][topic].values()) == 17
     human = cdc("status", "--config", str(daemon.config))
     assert f"slot {slot}: active" in human.stdout and topic in human.stdout
     assert daemon.stop() == 0
@@ -192,4 +201,4 @@ def test_status_and_metrics(db, broker_servers, topic_prefix, run_daemon, tmp_pa
     tail = cdc("tail", "public.m", "--raw", "--config", str(daemon.config))
     assert tail.returncode == 0, tail.stderr
     lines = [json.loads(line) for line in tail.stdout.splitlines()]
-    assert sorted(line["value"]["after"]["id"] for line in lines) == list(range(1, 11))
+    assert sorted(line["value"]["after"]["id"] for line in lines) == list(range(1, 18))  # the snapshot's 7 and the 10 streamed

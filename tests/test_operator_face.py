@@ -204,10 +204,10 @@ def test_top_shows_every_stage_live_in_a_terminal(deployment: Deployment):
         pid = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (d.slot,)).fetchone()[0]
     daemon = _line(screen, "active")
     assert daemon[:2] == ["pid", str(pid)] or daemon[1:3] == ["pid", str(pid)], screen
-    # events/s, then the events the daemon produced since it started: 300 inserts, 100 updates,
-    # 50 deletes each with its tombstone, 20 inserts
+    # events/s, then the events the daemon produced since it started: the snapshot's 200 + 50
+    # rows, 300 inserts, 100 updates, 50 deletes each with its tombstone, 20 inserts
     assert "(topics)" not in daemon, screen  # the rate is the daemon's own, from its /metrics
-    assert "events/s" in screen and f"{300 + 100 + 100 + 20:,}" in daemon, screen
+    assert "events/s" in screen and f"{200 + 50 + 300 + 100 + 100 + 20:,}" in daemon, screen
     # sink, records/s, records, complete up to, behind slot (2), lag (2), dead letters, ...
     cache = _line(screen, "cache")
     assert cache[2] == f"{700 + 70:,}", screen  # records applied: both snapshots and every change since
@@ -216,12 +216,13 @@ def test_top_shows_every_stage_live_in_a_terminal(deployment: Deployment):
 
 
 def test_metrics_of_the_daemon_and_the_sink_job_are_scraped(deployment: Deployment):
-    """After the top test's changes: 300 inserts, 100 updates, 50 deletes with their tombstones
-    (items), 20 inserts (notes), and the undecodable record; the job also applied the snapshot."""
+    """After the snapshot (200 items, 50 notes) and the top test's changes: 300 inserts, 100
+    updates, 50 deletes with their tombstones (items), 20 inserts (notes), and the undecodable
+    record (not the daemon's)."""
     d = deployment
     daemon = scrape(f"http://127.0.0.1:{d.daemon_metrics}/metrics")
-    assert daemon[("cdc_events_total", (("table", "public.items"),))] == 500
-    assert daemon[("cdc_events_total", (("table", "public.notes"),))] == 20
+    assert daemon[("cdc_events_total", (("table", "public.items"),))] == 200 + 500
+    assert daemon[("cdc_events_total", (("table", "public.notes"),))] == 50 + 20
 
     def settled() -> dict | None:
         sink = scrape(f"http://127.0.0.1:{d.sink_metrics}/metrics")
