@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import takewhile
 
 import orjson
 
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 
 REQUEST = "clean-truncated"  # the logical message's type (prefix: snapshot.incremental.MESSAGE_PREFIX)
 CHUNK = 5000  # tombstones sent per pause between transactions
+SHUTDOWN_WAIT_S = 5.0  # at shutdown, how long a read that was told to stop may take to let go of its table
 
 
 def request_message(slot: str, tables: list[str]) -> bytes:
@@ -81,6 +84,16 @@ class _Cleanup:
     failure: BaseException | None = None
     keys: Iterator[bytes] | None = None
     sent: int = 0
+    ended: bool = False  # the daemon dropped it (rewind, shutdown): a read still running stops and cleans up
+    lock: threading.Lock = field(default_factory=threading.Lock)  # `ended` against the read's `result`
+
+    def end(self) -> None:
+        """Drop the read's table, or have the read drop it when it is done: nobody waits for it."""
+        with self.lock:
+            self.ended = True
+            if self.result is not None:
+                self.result.close()
+                self.result = None
 
 
 class TruncateCleanups:
@@ -161,15 +174,23 @@ class TruncateCleanups:
         return out
 
     def _read(self, cleanup: _Cleanup) -> None:
+        """In its own thread. It stops at the next record once the clean-up ended: a rewind after a
+        broker failure must not wait for a read of the same broker."""
+        table = None
         try:
-            cleanup.result = TopicTable(threadsafe=True).extend(read_topic(self.config, cleanup.topic))
+            table = TopicTable(threadsafe=True)
+            table.extend(takewhile(lambda _: not cleanup.ended, read_topic(self.config, cleanup.topic)))
         except Exception as exc:  # noqa: BLE001 (reported by poll, in the daemon's thread)
             cleanup.failure = exc
+        with cleanup.lock:
+            if cleanup.ended or cleanup.failure is not None:
+                if table is not None:
+                    table.close()
+            else:
+                cleanup.result = table
 
     def _end(self, topic: str) -> None:
-        cleanup = self._active.pop(topic)
-        if cleanup.result is not None:
-            cleanup.result.close()
+        self._active.pop(topic).end()
         table = self._next.pop(topic, None)
         if table is not None:  # between transactions: everything sent so far is in commits up to the last
             self._active[topic] = _Cleanup(topic, table, self._last_commit)
@@ -177,23 +198,26 @@ class TruncateCleanups:
 
     def rewind(self) -> None:
         """The stream restarts at the confirmed LSN: every clean-up starts over at the next commit
-        (tombstones not yet acknowledged may be lost; the records it tracked are sent again)."""
+        (tombstones not yet acknowledged may be lost; the records it tracked are sent again). A
+        read still running is left to stop by itself: it may be waiting on the broker that failed."""
         self._pending.update(self._next)
         self._next.clear()
         for topic, cleanup in list(self._active.items()):
             self._pending[topic] = cleanup.table
-            if cleanup.thread is not None:
-                cleanup.thread.join()
             self._end(topic)
 
     def close(self) -> None:
+        """At shutdown: reads still running are told to stop, and given SHUTDOWN_WAIT_S to let go
+        of their tables (a read waiting on a broker that is down does not hold the stop)."""
         self._next.clear()
+        reads = [c.thread for c in self._active.values() if c.thread is not None]
         for topic, cleanup in list(self._active.items()):
-            if cleanup.thread is not None:
-                cleanup.thread.join()
             if cleanup.sent or cleanup.thread is not None:
                 log.warning(
                     "truncate clean-up of %s stopped by the shutdown: run cdc topics clean-truncated --tables %s",
                     cleanup.table, cleanup.table,
                 )
             self._end(topic)
+        deadline = time.monotonic() + SHUTDOWN_WAIT_S
+        for thread in reads:
+            thread.join(max(0.0, deadline - time.monotonic()))

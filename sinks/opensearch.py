@@ -5,6 +5,7 @@ with per-item judgement, scrolling, index creation. Knows nothing of tables or e
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import logging
 import re
@@ -82,9 +83,12 @@ class Client:
             options["ca_certs"] = endpoint.tls_cafile
         self.pool = urllib3.PoolManager(**options)
 
-    def request(self, method: str, path: str, body: Any = None, ndjson: bytes | None = None) -> tuple[int, Any]:
+    def request(
+        self, method: str, path: str, body: Any = None, ndjson: bytes | None = None, retries: int | None = None,
+    ) -> tuple[int, Any]:
         """(status, decoded answer) of one request; statuses other than the retriable ones
-        are the caller's to judge. An answer that is not JSON raises NotOpenSearch."""
+        are the caller's to judge. An answer that is not JSON raises NotOpenSearch. `retries`:
+        this request's (the client's by default; 0 for a caller that retries, or gives up, itself)."""
         import urllib3
 
         headers = dict(self.headers)
@@ -103,7 +107,7 @@ class Client:
             except urllib3.exceptions.HTTPError as exc:
                 problem = str(exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc)
                 problem = re.sub(r"^HTTPS?Connection\([^)]*\): (Failed to establish a new connection: )?", "", problem)
-            if attempt >= self.retries:
+            if attempt >= (self.retries if retries is None else retries):
                 raise SearchUnavailable(f"{self.where}: {method} {path.split('?')[0]} failed: {problem}", problem)
             log.warning("%s: %s %s: %s; again in %.1f s", self.where, method, path.split("?")[0], problem, delay)
             time.sleep(delay)
@@ -188,7 +192,9 @@ class Bulk:
     """Sends actions in `_bulk` requests of at most `bulk_bytes`, judging each item: 2xx done,
     409 a stale write skipped, 404 of a delete nothing to delete, 429/5xx sent again after
     a backoff, 400 (OpenSearch rejects the document: a mapping conflict) a dead letter,
-    anything else fails the batch."""
+    anything else fails the batch. A request refused whole (no answer, 429/5xx) is sent again
+    in the same rounds: one backoff and one count of the client's retries for both, not a
+    request's retries inside each round (which multiplied them)."""
 
     #: what an item's judgement needs of OpenSearch's answer (the rest is not sent, nor parsed)
     ANSWER = "filter_path=errors,items.*.status,items.*.error,items.*._id,items.*._index"
@@ -203,12 +209,21 @@ class Bulk:
         delay = 0.5
         for attempt in itertools.count():
             retry: list[Action] = []
+            refused: SearchUnavailable | None = None
             for request in self._requests(actions):
-                retry += self._judge(request)
+                try:
+                    retry += self._judge(request)
+                except SearchUnavailable as exc:
+                    refused = exc
+                    retry += request
             if not retry:
                 return
             if attempt >= self.client.retries:
+                if refused is not None:
+                    raise refused
                 raise SearchUnavailable(f"{self.client.where} kept refusing {len(retry)} writes with 429/5xx")
+            if refused is not None:
+                log.warning("%s: POST /_bulk: %s; again in %.1f s", self.client.where, refused.problem, delay)
             time.sleep(delay)
             delay, actions = min(delay * 2, 10.0), retry
 
@@ -227,7 +242,7 @@ class Bulk:
     def _judge(self, request: list[Action]) -> list[Action]:
         query = f"&refresh={self.refresh}" if self.refresh in ("true", "wait_for") else ""
         status, answer = self.client.request("POST", f"/_bulk?{self.ANSWER}{query}",
-                                             ndjson=b"".join(action.lines for action in request))
+                                             ndjson=b"".join(action.lines for action in request), retries=0)
         if status >= 300:
             raise RuntimeError(f"{self.client.where}: _bulk: HTTP {status} {reason(answer)}")
         if answer.get("errors") is False:
@@ -258,7 +273,9 @@ def create_index(client: Client, name: str, body: dict[str, Any]) -> None:
 
 
 def scroll(client: Client, path: str, query: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
-    """The hits of a search, a page at a time (the scroll API: every distribution has it)."""
+    """The hits of a search, a page at a time (the scroll API: every distribution has it). A
+    scroll OpenSearch no longer has (it restarted, or the reader spent over a minute on a page,
+    waiting on OpenSearch itself) is SearchUnavailable: the caller's batch is read again."""
     joiner = "&" if "?" in path else "?"
     answer = client.ok("POST", f"{path}{joiner}scroll=1m", query, missing_ok=True)
     if answer is None:
@@ -267,8 +284,16 @@ def scroll(client: Client, path: str, query: dict[str, Any]) -> Iterator[list[di
     try:
         while hits := answer["hits"]["hits"]:
             yield hits
-            answer = client.ok("POST", "/_search/scroll", {"scroll": "1m", "scroll_id": scroll_id})
+            status, answer = client.request("POST", "/_search/scroll", {"scroll": "1m", "scroll_id": scroll_id})
+            if status == 404:
+                problem = f"HTTP 404 {reason(answer)}"
+                raise SearchUnavailable(f"{client.where}: the scroll over {path.split('?')[0]} is gone ({problem})",
+                                        problem)
+            if status >= 300:
+                raise RuntimeError(f"{client.where}: POST /_search/scroll: HTTP {status} {reason(answer)}")
             scroll_id = answer.get("_scroll_id", scroll_id)
     finally:
-        if scroll_id:
-            client.request("DELETE", "/_search/scroll", {"scroll_id": scroll_id})
+        if scroll_id:  # one try: the scroll expires by itself in a minute, and a scroll that failed for want
+            # of an answer (or whose reader did) must not wait out the client's retries a second time here
+            with contextlib.suppress(SearchUnavailable, NotOpenSearch):
+                client.request("DELETE", "/_search/scroll", {"scroll_id": scroll_id}, retries=0)

@@ -164,12 +164,18 @@ def keep_running(
                 log.warning("sink %s: %s; rebuilding it from the topics (earliest offsets) into a cleared store",
                             store.name, exc, extra={"store": store.name})
                 try:
+                    # the progress record says "complete up to nothing" before the store loses its rows; both
+                    # wait on a server (the broker, the store), so a failure of either is retried like a batch's
+                    job.forget()
                     store.clear()
                 except Exception as failed:
                     if not transient(failed, store):
                         raise
-                    log.warning("sink %s: clearing it failed (%s); again in %.0f s", store.name, _first_line(failed),
-                                delay, extra={"store": store.name})
+                    if stop() or (once and attempts >= ONCE_ATTEMPTS):
+                        raise SinkStopped(f"the {store.name} sink lost writes and starting its rebuild failed "
+                                          f"{attempts} times, last: {_first_line(failed)}") from None
+                    log.warning("sink %s: starting its rebuild failed (%s); again in %.0f s", store.name,
+                                _first_line(failed), delay, extra={"store": store.name})
                     _back_off(delay, stop)
                     delay = min(delay * 2, LAST_DELAY_S)
                     continue
@@ -177,7 +183,6 @@ def keep_running(
                 if metrics is not None:
                     metrics.retry("store_lost")
                 checkpoints.drop(spark, checkpoint(config, store.name))
-                job.forget()
                 attempts = 0
             except Exception as exc:
                 first = _first_line(exc)

@@ -246,3 +246,68 @@ def test_a_truncate_starts_a_clean_up_unless_switched_off_and_a_request_always_d
     cleanups.requested({"p.public.u": "public.u"})
     cleanups.committed(200)
     assert cleanups.tracking
+
+
+def test_a_rewind_or_a_stop_does_not_wait_for_a_clean_up_read_stuck_on_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon rewinds after a broker failure, and may be stopped during one: a truncate
+    clean-up reading the topic from that broker holds neither. The read, left to itself, stops
+    at its next record and drops its table; the clean-up starts over at the next commit."""
+    import threading
+
+    import compaction.truncates as truncates
+
+    log = Log().row(0, 1, 100, 10, v="old").row(1, 2, 600, 60, v="new").add(2, TRUNCATE_KEY, event("t", 500, 50))
+    reading, broker_back = threading.Event(), threading.Event()
+    tables: list[TopicTable] = []
+
+    class Kept(TopicTable):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            tables.append(self)
+
+    def stuck(_config: TopicConfig, _topic: str) -> Any:
+        yield log.records[0]
+        reading.set()
+        broker_back.wait()  # the broker is down: no next record until it is back
+        yield from log.records[1:]
+
+    def stuck_clean_up() -> tuple[TruncateCleanups, threading.Thread]:
+        reading.clear()
+        cleanups = TruncateCleanups(TopicConfig())
+        cleanups.truncated([Record("p.public.t", TRUNCATE_KEY, event("t", 500, 50), "public.t")])
+        cleanups.committed(500)
+        assert cleanups.poll(500) == [] and reading.wait(30)
+        read = cleanups._active["p.public.t"].thread
+        assert read is not None
+        return cleanups, read
+
+    def returns(call: Any) -> bool:
+        done = threading.Thread(target=call, daemon=True)
+        done.start()
+        done.join(30)
+        return not done.is_alive()
+
+    monkeypatch.setattr(truncates, "TopicTable", Kept)
+    monkeypatch.setattr(truncates, "read_topic", stuck)
+    monkeypatch.setattr(truncates, "SHUTDOWN_WAIT_S", 0.0)
+    cleanups, read = stuck_clean_up()
+    assert returns(cleanups.rewind)  # while the read still waits for the broker
+    stopped, read_at_stop = stuck_clean_up()
+    assert returns(stopped.close)
+    broker_back.set()
+    for thread in (read, read_at_stop):
+        thread.join(30)
+        assert not thread.is_alive()
+    assert len(tables) == 2 and not any(table.path.exists() for table in tables)  # both dropped their tables
+
+    monkeypatch.setattr(truncates, "read_topic", lambda _config, _topic: iter(log.records))  # a broker back
+    cleanups.committed(700)  # the rewound clean-up starts over, and reads a broker that is back
+    assert cleanups.tracking
+    tombstones = cleanups.poll(700)  # starts the read, which may be done already
+    if cleanups.tracking:
+        again = cleanups._active["p.public.t"].thread
+        assert again is not None
+        again.join(30)
+        tombstones += cleanups.poll(700)
+    assert [(r.topic, r.key, r.value) for r in tombstones] == [("p.public.t", key(1), None)]
+    assert not cleanups.tracking
