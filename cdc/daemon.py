@@ -24,7 +24,7 @@ from cdc.config import Config, TopicConfig
 from cdc.events.changes import ChangeRenderer, NoKey
 from cdc.events.records import TRUNCATE_KEY, KeyUnavailable, Record, TableEvents, Txn
 from cdc.events.shapes import schemas_topic, version_record
-from cdc.kafka.acks import Acks
+from cdc.kafka.acks import Acks, WaitStopped
 from cdc.kafka.heartbeat import INTERVAL_S as HEARTBEAT_INTERVAL_S
 from cdc.kafka.heartbeat import heartbeat_record, heartbeat_topic
 from cdc.kafka.history import RETENTION_MS as HISTORY_RETENTION_MS
@@ -120,6 +120,7 @@ class Daemon:
         self.acks = Acks(
             config.daemon.max_pending_records, self.topic_limits,
             on_commit=self.metrics.transactions.inc, while_waiting=self._answer_server,
+            stopping=lambda: self.stopping,
         )
         self._txn: Txn | None = None
         self._stream_xid: int | None = None
@@ -334,7 +335,7 @@ class Daemon:
         failure is fatal here: the next start resumes the snapshot incrementally."""
         try:
             self._initial_snapshot()
-        except SnapshotStopped:
+        except (SnapshotStopped, WaitStopped):
             log.info("stopped during the initial snapshot: the next start finishes it incrementally")
             return False
         except (psycopg.Error, *_PRODUCER_ERRORS) as exc:
@@ -364,16 +365,26 @@ class Daemon:
                 self.metrics.errors.labels("replication").inc()
                 self._stop_if_unrecoverable(exc)
                 self._close_replication()
-                self.acks.drain(cfg.topic.delivery_timeout_ms / 1000)
+                try:  # confirm what the broker has before reconnecting; it may be away too
+                    self.acks.drain(cfg.topic.delivery_timeout_ms / 1000)
+                except _PRODUCER_ERRORS as broker_exc:
+                    self._producer_failed(broker_exc, broker_backoff)
                 self._sleep(repl_backoff.failed(_first_line(exc)))
             except _PRODUCER_ERRORS as exc:
-                self.metrics.errors.labels("producer").inc()
-                log.error(
-                    "producer error (%s): rewinding to the last confirmed LSN %s",
-                    _first_line(exc), format_lsn(self.acks.confirmed), extra={"lsn": format_lsn(self.acks.confirmed)},
-                )
-                self._rewind()
-                self._sleep(broker_backoff.failed(_first_line(exc)))
+                self._producer_failed(exc, broker_backoff)
+            except WaitStopped:
+                pass  # stopping while the broker held the window full: _finish drains what it can
+
+    def _producer_failed(self, exc: BaseException, backoff: _Backoff) -> None:
+        """Rewind to the confirmed LSN: a record the broker did not acknowledge is sent again
+        with everything after it, never alone (DESIGN: a lone retry reorders a key)."""
+        self.metrics.errors.labels("producer").inc()
+        log.error(
+            "producer error (%s): rewinding to the last confirmed LSN %s",
+            _first_line(exc), format_lsn(self.acks.confirmed), extra={"lsn": format_lsn(self.acks.confirmed)},
+        )
+        self._rewind()
+        self._sleep(backoff.failed(_first_line(exc)))
 
     def _reclaim_slot(self) -> None:
         """After the catalog connection was re-established, its advisory lock on the slot is
@@ -676,13 +687,18 @@ class Daemon:
 
     def _finish(self, timeout_s: float) -> None:
         """Wait for outstanding acknowledgements, confirm what was acknowledged, let go."""
+        drained = True
         try:
             self.acks.drain(timeout_s)
-        except ProducerError as exc:
+        except _PRODUCER_ERRORS as exc:
+            drained = False
             log.error("records not acknowledged at shutdown (%s): they will be sent again on restart", exc)
-        try:
-            self._send_status(force=True)
-        except ReplicationLost:
+        try:  # the last heartbeat and sample only through a broker that answers: they may wait for room
+            if drained:
+                self._send_status(force=True)
+            else:
+                self._answer_server(force=True)
+        except (ReplicationLost, WaitStopped, *_PRODUCER_ERRORS):
             pass
         self._close_replication()
         if self.incremental.progress and self.acks.producer is not None:

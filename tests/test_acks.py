@@ -15,10 +15,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from cdc import config as cdc_config
 from cdc.daemon import Daemon
 from cdc.events.records import Record
-from cdc.kafka.acks import Acks
+from cdc.kafka.acks import Acks, WaitStopped
 from cdc.kafka.heartbeat import heartbeat_topic
 from cdc.kafka.history import metrics_topic
 from cdc.kafka.producer import RECORD_OVERHEAD, Mark, ProducerError, RecordTooLarge
+from cdc.source.replication import ReplicationLost
 from tests.support import write_config
 
 TOPIC = "p.public.t"
@@ -294,6 +295,72 @@ def test_the_daemon_waiting_for_room_answers_the_walsender_and_reports_after_the
     sent = [topic for topic, _, _ in producer.log]
     assert sent.count(metrics_topic("t")) == 1 and sent.count(heartbeat_topic("t")) == 1
     assert daemon.metrics.registry.get_sample_value("cdc_events_total", {"table": "public.t"}) == 10
+
+
+def test_a_stop_ends_a_wait_for_room_that_no_acknowledgement_would_end() -> None:
+    producer = FakeProducer()
+    stop = []
+    acks = make_acks(producer, max_pending=2, stopping=lambda: bool(stop))
+    acks.while_waiting = lambda: stop.append(True)  # SIGTERM arrives during the wait
+    with pytest.raises(WaitStopped):
+        acks.send([record(0), record(0)])
+    assert not acks.waiting and producer.polls == 2
+
+
+def _daemon(tmp_path, **daemon_settings) -> Daemon:
+    path = write_config(
+        tmp_path / "cdc.toml", "postgresql://u@127.0.0.1:1/db", "127.0.0.1:1", "t", ["public.t"],
+        daemon=daemon_settings,
+    )
+    daemon = Daemon(cdc_config.load(path, environ={}))
+    daemon.incremental = SimpleNamespace(progress=deque(), close=lambda: None)  # type: ignore[assignment]
+    daemon.cleanups = SimpleNamespace(rewind=lambda: None, close=lambda: None)  # type: ignore[assignment]
+    daemon.plan = SimpleNamespace(stop_when_done=False)  # type: ignore[assignment]
+    return daemon
+
+
+def test_a_broker_failure_while_recovering_from_a_lost_replication_connection_rewinds(tmp_path) -> None:
+    """PostgreSQL and the broker fail together: the drain before reconnecting raises the
+    producer's error. It is a producer failure like any other (a rewind), not a crash."""
+    daemon = _daemon(tmp_path)
+    failing = FakeProducer()
+    failing.failure = "broker gone"
+    fresh = FakeProducer()
+    producers = [fresh]
+    daemon._producer = lambda: setattr(daemon.acks, "producer", producers.pop())  # type: ignore[method-assign]
+    daemon._reclaim_slot = daemon._start_replication = lambda: None  # type: ignore[method-assign]
+    streams = [ReplicationLost("the connection broke")]
+
+    def stream() -> None:
+        if streams:
+            raise streams.pop()
+        daemon.stopping = True
+
+    daemon._stream = stream  # type: ignore[method-assign]
+    daemon._sleep = lambda seconds: None  # type: ignore[method-assign]
+    daemon.acks.producer = failing
+    daemon._stream_until_stopped()
+    errors = daemon.metrics.registry.get_sample_value
+    assert errors("cdc_errors_total", {"kind": "replication"}) == 1
+    assert errors("cdc_errors_total", {"kind": "producer"}) == 1
+    assert failing.closed and daemon.acks.producer is fresh  # rewound, and the next loop made a new one
+
+
+def test_a_shutdown_after_a_failed_drain_answers_the_walsender_and_sends_nothing(tmp_path, caplog) -> None:
+    daemon = _daemon(tmp_path, max_pending_records=2, metrics_interval_s=0.001)
+    statuses: list[int] = []
+    daemon.repl = SimpleNamespace(send_status=statuses.append, close=lambda: None)  # type: ignore[assignment]
+    producer = FakeProducer()
+    daemon.acks.producer = producer
+    daemon.acks.send([record(0)])
+    daemon.acks.commit(10, 1)
+    producer.complete(0, failed=True)
+    caplog.set_level("INFO", logger="cdc.daemon")
+    daemon._finish(1)
+    assert statuses == [0]  # the walsender hears the unchanged confirmed LSN
+    assert [topic for topic, _, _ in producer.log] == [TOPIC]  # no heartbeat, no sample after the failure
+    assert "records not acknowledged at shutdown (record 1 of partition 0 failed)" in caplog.text
+    assert "stopped at confirmed LSN 0/0" in caplog.text
 
 
 # -- record size ---------------------------------------------------------------------------

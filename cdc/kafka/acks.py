@@ -30,6 +30,14 @@ def _nothing() -> None:
     pass
 
 
+def _never() -> bool:
+    return False
+
+
+class WaitStopped(Exception):
+    """`make_room` gave up waiting because the caller is stopping (`stopping()` turned true)."""
+
+
 class Acks:
     """Sends records through one producer and turns its acknowledgements into a confirmed LSN.
 
@@ -51,6 +59,7 @@ class Acks:
         confirmed: int = 0,
         on_commit: Callable[[], object] = _nothing,
         while_waiting: Callable[[], object] = _nothing,
+        stopping: Callable[[], bool] = _never,
     ) -> None:
         self.max_pending = max_pending
         self.limits = limits  # topic -> max.message.bytes; the caller's dict, so new topics show up
@@ -61,6 +70,7 @@ class Acks:
         self.on_commit = on_commit
         self.while_waiting = while_waiting
         self.waiting = False  # inside make_room: `send` is refused
+        self.stopping = stopping  # a stop ends a wait for room (WaitStopped) instead of an outage's length
 
     def send(self, records: Iterable[Outgoing]) -> int:
         """Send (topic, key, value, table) records in order; returns their key and value bytes.
@@ -122,6 +132,8 @@ class Acks:
                 self.advance()
                 if self.in_flight() <= low:
                     break
+                if self.stopping():
+                    raise WaitStopped()
                 self.while_waiting()
                 if not logged and time.monotonic() - started >= WAIT_LOG_S:
                     log.warning(
