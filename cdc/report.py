@@ -32,6 +32,7 @@ from cdc.kafka.reader import read_topic
 from cdc.kafka.topics import TopicAdmin
 from cdc.naming import is_table_topic
 from cdc.source.replication import format_lsn
+from cdc.status import sink_state
 from cdc.units import duration, rate, size
 from sinks.progress import sinks_topic
 
@@ -209,6 +210,9 @@ def _rate(r: float) -> str:
     return rate(r) + "/s"
 
 
+_BASE_UNIT = {_rate: "/s", duration: " s", size: " B"}  # what an axis writes when rounding would repeat a label
+
+
 def _count(n: float) -> str:
     return f"{n:,.0f}" if n == int(n) else f"{n:,.2f}"
 
@@ -237,6 +241,35 @@ def _round(step: float) -> bool:
     return any(abs(step - r) < 1e-9 for r in (1, 2, 2.5, 5))
 
 
+def _decimals(step: float) -> int:
+    """Digits after the point that write `step`, and so each multiple of it, exactly."""
+    for digits in range(12):
+        if abs(round(step, digits) - step) <= abs(step) * 1e-9:
+            return digits
+    return 12
+
+
+def _axis_labels(values: list[float], step: float, unit: Callable[[float], str]) -> list[str]:
+    """A label per tick, each different: `unit` rounds for reading (a rate to one decimal,
+    so 0.15 and 0.2 would both read "0.2/s"); then every tick says its value exactly, in the
+    unit's base (per second, seconds, bytes)."""
+    labels = [unit(v) for v in values]
+    if len(set(labels)) == len(labels):
+        return labels
+    digits = _decimals(step)
+    return [f"{v:,.{digits}f}{_BASE_UNIT.get(unit, '')}" for v in values]
+
+
+def series_colors(*charts: Series) -> dict[str, str]:
+    """One colour per series name across the page, in order of first appearance: a job keeps
+    its colour in every chart, whichever other jobs a chart lacks."""
+    colors: dict[str, str] = {}
+    for series in charts:
+        for name in series:
+            colors.setdefault(name, PALETTE[len(colors) % len(PALETTE)])
+    return colors
+
+
 def _thin(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
     """At most MAX_POINTS, keeping each stretch's highest value (a peak stays visible)."""
     if len(points) <= MAX_POINTS:
@@ -247,8 +280,9 @@ def _thin(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
 
 
 def chart(title: str, series: Series, unit: Callable[[float], str], since_ms: int, until_ms: int,
-          step: bool = False) -> str:
-    """One SVG line chart: time across, `unit`-formatted values up; hover a point for its value."""
+          step: bool = False, colors: dict[str, str] | None = None) -> str:
+    """One SVG line chart: time across, `unit`-formatted values up; hover a point for its value.
+    `colors` (series_colors) keeps a series' colour the same in every chart of a page."""
     width, height, left, right, top, bottom = 920, 250, 84, 40, 34, 38
     plot_w, plot_h = width - left - right, height - top - bottom
     drawn = {name: _thin(points) for name, points in series.items() if points}
@@ -273,17 +307,18 @@ def chart(title: str, series: Series, unit: Callable[[float], str], since_ms: in
         return top + plot_h - v / vmax * plot_h
 
     steps = 5 if _round(vmax / 5) else 4  # 250 in fifties, 2.0 in halves
-    for i in range(steps + 1):
-        v = vmax * i / steps
+    ticks = [vmax * i / steps for i in range(steps + 1)]
+    for v, label in zip(ticks, _axis_labels(ticks, vmax / steps, unit), strict=True):
         out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" class="grid"/>'
-                   f'<text x="{left - 6}" y="{y(v) + 4:.1f}" class="tick" text-anchor="end">{html.escape(unit(v))}</text>')
+                   f'<text x="{left - 6}" y="{y(v) + 4:.1f}" class="tick" text-anchor="end">{html.escape(label)}</text>')
     for i in range(6):
         t = t0 + (t1 - t0) * i / 5
         label = time.strftime("%H:%M:%S" if t1 - t0 < 86400000 else "%d %b %H:%M", time.localtime(t / 1000))
         out.append(f'<text x="{x(int(t)):.1f}" y="{height - 14}" class="tick" text-anchor="middle">{label}</text>')
     out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>')
+    palette = series_colors(drawn) if colors is None else colors
     for n, (name, points) in enumerate(drawn.items()):
-        color = PALETTE[n % len(PALETTE)]
+        color = palette[name]
         coords = []
         for i, (t, v) in enumerate(points):
             if step and i:
@@ -327,6 +362,8 @@ def render_html(history: History) -> str:
     since = max(history.since_ms, min(firsts, default=history.since_ms))  # the plots begin with the data
     lag_bytes, lag_seconds = slot_lag(history)
     behind, lag, throughput, letters = sink_series(history)
+    produced = daemon_rate(history)
+    colors = series_colors(lag_bytes, lag_seconds, produced, behind, lag, throughput, letters)
     e = html.escape
     latest = history.samples[-1] if history.samples else None
     stamp = "%Y-%m-%d %H:%M:%S"
@@ -351,15 +388,18 @@ def render_html(history: History) -> str:
         '<div class="cards">' + "".join(f'<div class="card"><b>{e(v)}</b><span>{e(k)}</span></div>' for k, v in cards)
         + "</div>",
         "<h2>The slot</h2>",
-        chart("slot lag (bytes): the server's WAL end minus the confirmed LSN", lag_bytes, size, since, until),
-        chart("slot lag (seconds): age of the oldest unacknowledged commit", lag_seconds, duration, since, until),
-        chart("daemon: records produced per second", daemon_rate(history), _rate, since, until),
+        chart("slot lag (bytes): the server's WAL end minus the confirmed LSN", lag_bytes, size, since, until,
+              colors=colors),
+        chart("slot lag (seconds): age of the oldest unacknowledged commit", lag_seconds, duration, since, until,
+              colors=colors),
+        chart("daemon: records produced per second", produced, _rate, since, until, colors=colors),
         "<h2>The sinks</h2>",
         chart("sinks: bytes behind the slot (its confirmed LSN minus the LSN the store is complete up to)", behind,
-              size, since, until),
-        chart("sinks: lag (seconds since the topics first held a change the store lacks)", lag, duration, since, until),
-        chart("sinks: records applied per second", throughput, _rate, since, until),
-        chart("sinks: dead letters (running total)", letters, _count, since, until, step=True),
+              size, since, until, colors=colors),
+        chart("sinks: lag (seconds since the topics first held a change the store lacks)", lag, duration, since, until,
+              colors=colors),
+        chart("sinks: records applied per second", throughput, _rate, since, until, colors=colors),
+        chart("sinks: dead letters (running total)", letters, _count, since, until, step=True, colors=colors),
         _sinks_table(history),
         "<h2>The topics: now and after compaction</h2>",
         _topics_table(history.topics),
@@ -370,18 +410,22 @@ def render_html(history: History) -> str:
 
 
 def _sinks_table(history: History) -> str:
+    """Each job's last progress record, and its state against the newest heartbeat of the period."""
+    newest = max((lsn for _, lsn in history.beats), default=0)
     rows = []
     for job, records in sorted(history.progress.items()):
         last = records[-1]
+        complete = int(last["complete_lsn"])
         rows.append(
-            f"<tr><td>{html.escape(job)}</td><td>{format_lsn(int(last['complete_lsn']))}</td>"
+            f"<tr><td>{html.escape(job)}</td><td>{format_lsn(complete) if complete else '-'}</td>"
+            f"<td>{sink_state(complete, 0 < newest <= complete)}</td>"
             f"<td>{last.get('batch', '-')}</td><td>{_count(last['records']) if 'records' in last else '-'}</td>"
             f"<td>{_count(last.get('dead_letters', 0))}</td>"
             f"<td>{time.strftime('%H:%M:%S', time.localtime(last['ts_ms'] / 1000))}</td></tr>"
         )
     if not rows:
         return "<p>No sink job recorded progress in this period.</p>"
-    return ("<table><tr><th>sink</th><th>complete up to</th><th>last batch</th><th>records applied</th>"
+    return ("<table><tr><th>sink</th><th>complete up to</th><th>state</th><th>last batch</th><th>records applied</th>"
             "<th>dead letters</th><th>last progress</th></tr>" + "".join(rows) + "</table>")
 
 

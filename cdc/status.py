@@ -39,6 +39,14 @@ def slot_status(conn: Any, name: str) -> dict[str, Any] | None:
     return slot
 
 
+def sink_state(complete: int, caught_up: bool) -> str:
+    """A sink job's state in a word or three (`cdc top`, `cdc status`, `cdc report`;
+    docs/monitoring.md): `no LSN yet` (its progress names no LSN its store is complete up
+    to), `caught up` (complete up to the daemon's newest heartbeat: everything the topics
+    are known to hold), else `catching up`."""
+    return "no LSN yet" if not complete else "caught up" if caught_up else "catching up"
+
+
 def collect(config: Config) -> dict[str, Any]:
     """Slot state, lag in bytes and seconds, and per-topic end offsets."""
     catalog = connect_catalog(config)
@@ -83,10 +91,12 @@ def _snapshot(config: Config) -> dict[str, Any] | None:
 def _sinks(config: Config, slot: dict[str, Any] | None, tables: dict[str, TopicInfo]) -> dict[str, Any]:
     """Each sink job's progress in LSN terms, with its lag behind the server and the slot, and
     in time against the table topics' delete.retention.ms (the tombstone horizon)."""
+    from cdc.kafka.heartbeat import newest_heartbeat
     from compaction.horizon import horizons, sink_lags
     from sinks.progress import read_progress
 
     progress = read_progress(config.topic)
+    newest = newest_heartbeat(config.topic) if progress else 0
     lags = sink_lags(config.topic, progress, {name: info.partitions for name, info in tables.items()})
     retentions = {name: int(info.configs.get("delete.retention.ms", 86400000)) for name, info in tables.items()}
     against = horizons(lags, retentions)
@@ -94,13 +104,14 @@ def _sinks(config: Config, slot: dict[str, Any] | None, tables: dict[str, TopicI
     for job, record in sorted(progress.items()):
         complete = int(record["complete_lsn"])
         entry: dict[str, Any] = {
+            "state": sink_state(complete, 0 < newest <= complete),
             "complete_lsn": format_lsn(complete),
             "tables": {t: format_lsn(int(lsn)) for t, lsn in sorted(record["tables"].items())},
             "dead_letters": record.get("dead_letters", 0),
             "batch": record["batch"],
             "updated_ms": record["ts_ms"],
         }
-        if slot is not None:
+        if slot is not None and complete:  # no LSN known yet: nothing to measure a distance from
             entry["lag_bytes"] = max(0, parse_lsn(slot["server_lsn"]) - complete)
             entry["behind_slot_bytes"] = max(0, parse_lsn(slot["confirmed_flush_lsn"] or "0/0") - complete)
         horizon = against.get(job)
@@ -152,7 +163,8 @@ def render(status: dict[str, Any]) -> str:
         horizon = sink.get("horizon")
         if horizon is not None and horizon["behind_ms"]:
             lag += f" ({duration(horizon['behind_ms'])})"
-        lines.append(f"sink {job}: complete up to {sink['complete_lsn']}{lag}; {sink['dead_letters']} dead letters")
+        known = f", complete up to {sink['complete_lsn']}" if sink["state"] != "no LSN yet" else ""
+        lines.append(f"sink {job}: {sink['state']}{known}{lag}; {sink['dead_letters']} dead letters")
         for table, lsn in sink["tables"].items():
             lines.append(f"  {table}  applied up to {lsn}")
         if horizon is not None and horizon["message"]:

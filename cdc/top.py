@@ -5,7 +5,8 @@
   seconds from PostgreSQL;
 - each sink job, from its progress records in `<prefix>.__cdc_sinks`: records/s, the LSN its
   store is complete up to, how far that is behind the slot (bytes) and since when the topics
-  hold something it lacks (seconds, from the daemon's heartbeats), dead letters;
+  hold something it lacks (seconds, from the daemon's heartbeats), dead letters, and its
+  state against the newest heartbeat (cdc.status.sink_state; docs/monitoring.md);
 - each table's rows in PostgreSQL next to each store's (counted every few seconds, in a
   thread of its own, so that the picture stays live while a count is slow).
 
@@ -33,7 +34,7 @@ from cdc.naming import is_table_topic, parse_topic_name, qualified, table_of_top
 from cdc.source.catalog import Catalog
 from cdc.source.preflight import PreflightError, connect_catalog
 from cdc.source.replication import format_lsn, parse_lsn
-from cdc.status import slot_status
+from cdc.status import sink_state, slot_status
 from cdc.units import duration, size
 from cdc.units import rate as per_second
 from sinks.progress import sinks_topic
@@ -42,6 +43,7 @@ from sinks.stores import STORES  # the jobs whose store rows are counted (not a 
 if TYPE_CHECKING:
     from sinks.store import RowCounter
 
+STATE_STYLES = {"caught up": "green", "catching up": "yellow", "no LSN yet": "yellow"}
 RATE_WINDOW_S = 10.0  # rates are averages over this much of the recent past
 COUNT_TIMEOUT_MS = 2000  # an exact count(*) slower than this falls back to the planner's estimate
 
@@ -80,6 +82,10 @@ class SinkPicture:
     lag_seconds: float | None = None  # since the topics first held a change the store lacks
     lag_at_least: bool = False  # the heartbeat of that moment is older than those held
     caught_up: bool = False  # complete up to the newest heartbeat: everything the topics are known to hold
+
+    @property
+    def state(self) -> str:
+        return sink_state(self.complete_lsn, self.caught_up)
 
 
 @dataclass
@@ -242,6 +248,9 @@ class Watch:
                 sink.records_total = int(value["records"])
                 points = self.sink_points.get(job, deque())
                 sink.records_per_s = rate(deque([*points, (now, sink.records_total)]), now) if points else None
+            if not complete:  # no LSN known yet: nothing to measure a distance from
+                out.append(sink)
+                continue
             if daemon.confirmed_lsn is not None:
                 sink.behind_bytes = max(0, daemon.confirmed_lsn - complete)
             _, sink.lag_seconds, sink.lag_at_least = self.heartbeats.lag(complete, now)
@@ -377,9 +386,10 @@ def render(picture: Picture, title: str = "cdc top") -> Any:
         age = max(0.0, (picture.taken_ms - s.updated_ms) / 1000)
         sinks.add_row(
             s.job, per_second(s.records_per_s), "-" if s.records_total is None else f"{s.records_total:,}",
-            format_lsn(s.complete_lsn), size(s.behind_bytes), seconds(s.lag_seconds, s.lag_at_least),
+            format_lsn(s.complete_lsn) if s.complete_lsn else "-", size(s.behind_bytes),
+            seconds(s.lag_seconds, s.lag_at_least),
             Text(f"{s.dead_letters:,}", style="red" if s.dead_letters else ""), str(s.batch), seconds(age) + " ago",
-            Text("caught up", style="green") if s.caught_up else Text("catching up", style="yellow"),
+            Text(s.state, style=STATE_STYLES[s.state]),
         )
     if not picture.sinks:
         sinks.add_row("none yet", *[""] * 9)

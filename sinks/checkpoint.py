@@ -3,6 +3,8 @@ job reads of it and how it forgets it. The offsets in it are Spark's own."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from pyspark.sql import SparkSession
 
@@ -27,9 +29,9 @@ def drop(spark: SparkSession, checkpoint: str) -> None:
     hadoop.delete(spark, checkpoint)
 
 
-def offsets(spark: SparkSession, checkpoint: str, batch: int | None = None) -> dict[str, dict[int, int]] | None:
-    """Per topic and partition, where batch `batch` ends (None: the last batch planned,
-    committed or not), from Spark's offset log (None: no such batch)."""
+def source_offset(spark: SparkSession, checkpoint: str, batch: int | None = None) -> Any:
+    """Where batch `batch` (None: the last batch planned, committed or not) ends in the
+    query's source, as the source writes it in Spark's offset log (None: no such batch)."""
     folder = hadoop.under(checkpoint, "offsets")
     if batch is None:
         ids = [int(name) for name in hadoop.names(spark, folder) if name.isdigit()]
@@ -39,8 +41,16 @@ def offsets(spark: SparkSession, checkpoint: str, batch: int | None = None) -> d
     raw = hadoop.read_bytes(spark, f"{folder}/{batch}")
     if raw is None:
         return None
-    # "v1", the batch's metadata, then a line per source: the Kafka source's {topic: {partition: offset}}
-    source = orjson.loads(raw.decode().splitlines()[2])
+    # "v1", the batch's metadata, then a line per source (a job's query has one)
+    return orjson.loads(raw.decode().splitlines()[2])
+
+
+def offsets(spark: SparkSession, checkpoint: str, batch: int | None = None) -> dict[str, dict[int, int]] | None:
+    """Per topic and partition, where batch `batch` ends (None: the last batch planned,
+    committed or not), from the Kafka source's line of the offset log (None: no such batch)."""
+    source = source_offset(spark, checkpoint, batch)
+    if source is None:
+        return None
     return {topic: {int(part): int(offset) for part, offset in parts.items()} for topic, parts in source.items()}
 
 

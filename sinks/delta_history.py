@@ -15,16 +15,25 @@ watermark, read back from the table when the query starts; ending a version is
 offset-guarded; one MERGE per table and batch ends the old versions and inserts the new
 ones, so they commit together. A history found behind its checkpoint (a restored backup)
 reads the whole log again, and the watermarks skip what it holds.
+
+Its progress in LSNs: the log holds no heartbeats, so the warehouse job's progress records
+vouch instead. The warehouse is complete up to an LSN only once the log holds every change
+at or below it; history is complete up to it once it read the log to the version that was
+newest then (sinks.pipeline.SinkJob._complete).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.config import Config
 from sinks import hadoop, history
 from sinks.batch import TableBatch
+from sinks.checkpoint import last_committed, source_offset
 from sinks.delta import (
     HISTORY_META,
     Warehouse,
@@ -37,7 +46,11 @@ from sinks.delta import (
 )
 from sinks.envelope import CHANGE_COLUMNS
 from sinks.pipeline import Feed
+from sinks.progress import Completed
 from sinks.store import Truncate
+
+if TYPE_CHECKING:
+    from sinks.pipeline import SinkJob
 
 #: the current versions apart from the ended ones: the MERGE that ends versions reads and
 #: rewrites the current ones' files (as many rows as `current` holds), not every version
@@ -46,12 +59,36 @@ PARTITIONED_BY = "_cdc_is_current"
 
 
 class LogFeed(Feed):
-    """The warehouse's change log as a Delta streaming source: its rows are change rows already."""
+    """The warehouse's change log as a Delta streaming source: its rows are change rows already;
+    the warehouse job (`upstream`) vouches for the LSNs (sinks.progress.Completed)."""
 
-    settles = False  # no heartbeats in the log: history's progress is per table
+    in_batches = False
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, upstream: str) -> None:
         self.path = path
+        self.upstream = upstream
+
+    def vouches(self, config: Config) -> Completed:
+        return Completed(config.topic, self.upstream)
+
+    def ends(self, job: SinkJob) -> int:
+        """The log's newest version."""
+        newest = DeltaTable.forPath(job.spark, self.path).history(1).select("version").head()
+        return -1 if newest is None else int(newest[0])
+
+    def read(self, spark: SparkSession, checkpoint: str, batch: int | None) -> int | None:
+        """The newest log version read to its end by batch `batch` (None: the last committed one)."""
+        if batch is None:
+            batch = last_committed(spark, checkpoint)
+        offset: Any = None if batch is None else source_offset(spark, checkpoint, batch)
+        if offset is None:
+            return None
+        # Delta's source offset: every version below `reservoirVersion` is read, none while the
+        # query still reads the snapshot of the log it began with (`isStartingVersion`)
+        return -1 if offset.get("isStartingVersion") else int(offset["reservoirVersion"]) - 1
+
+    def within(self, ends: int, read: int) -> bool:
+        return read >= ends
 
     def stream(self, spark: SparkSession, config: Config) -> DataFrame:
         return (spark.readStream.format("delta").option("maxFilesPerTrigger", "1000000")
@@ -70,10 +107,10 @@ class HistoryStore(Warehouse):
 
     feed: LogFeed
 
-    def __init__(self, spark: SparkSession, root: str, name: str = "delta-history") -> None:
+    def __init__(self, spark: SparkSession, root: str, name: str = "delta-history", upstream: str = "delta") -> None:
         super().__init__(spark, root, name)
         self.where = f"the history of the Delta warehouse at {root}"
-        self.feed = LogFeed(log_path(root))
+        self.feed = LogFeed(log_path(root), upstream)
 
     def open(self, resumed: bool) -> None:
         check_layout(self.spark, self.root)

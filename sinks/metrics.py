@@ -1,7 +1,9 @@
 """Prometheus metrics of a sink job, served by its driver on `[spark] metrics_port` (0 = off).
 
-The job calls `batch()` once per committed micro-batch and `retry()` from its retry loop;
-the lag behind the slot is worked out when Prometheus scrapes, from the daemon's newest
+The job calls `batch()` once per committed micro-batch and `retry()` from its retry loop,
+and has its progress followed (`follow`): the LSN its store is complete up to is read from
+it when Prometheus scrapes, also when no batch came in this run (a job started again with
+nothing new to read), and so is the lag behind the slot, against the daemon's newest
 heartbeats (followed here, not as the job reads them: a job far behind would read old ones).
 Its own registry, like the daemon's (cdc.metrics), so several jobs in one process do not collide.
 """
@@ -9,10 +11,10 @@ Its own registry, like the daemon's (cdc.metrics), so several jobs in one proces
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -40,14 +42,13 @@ class SinkMetrics:
                                     registry=r)
         self.retries = Counter("cdc_sink_retries", "Batches read again: a failed batch (failed), or every record "
                                "again after the store lost writes (store_lost)", ["store", "reason"], registry=r)
-        self.complete = Gauge("cdc_sink_complete_lsn", "The LSN up to which the store reflects the source",
-                              ["store"], registry=r)
         for reason in ("failed", "store_lost"):
             self.retries.labels(store, reason)
         self.dead_letters.labels(store)
-        self.complete_lsn = 0
+        self.complete_lsn: Callable[[], int] | None = None  # the job's progress, once it follows one
         self.heartbeats: Heartbeats | None = None
         self._lock = threading.Lock()
+        r.register(_Progress(self))
 
     def serve(self) -> None:
         """The endpoint, and the heartbeats the lag is measured against; a port in use is one line."""
@@ -62,9 +63,12 @@ class SinkMetrics:
                 "set [spark] metrics_port to a free port (0 turns metrics off) or fix metrics_host"
             ) from None
         self.heartbeats = Heartbeats(self.config.topic)
-        self.registry.register(_Lag(self))
 
-    def batch(self, seconds: float, applied: dict[str, int], dead_letters: int, complete_lsn: int) -> None:
+    def follow(self, complete_lsn: Callable[[], int]) -> None:
+        """Read the LSN the store is complete up to from the job (sinks.pipeline.SinkJob)."""
+        self.complete_lsn = complete_lsn
+
+    def batch(self, seconds: float, applied: dict[str, int], dead_letters: int) -> None:
         """One committed micro-batch: records applied per table topic, dead letters it sent."""
         store = self.store
         self.batches.labels(store).observe(seconds)
@@ -73,23 +77,18 @@ class SinkMetrics:
                 self.records.labels(store, table_of_topic(topic)).inc(count)
         if dead_letters:
             self.dead_letters.labels(store).inc(dead_letters)
-        self.settled(complete_lsn)
-
-    def settled(self, complete_lsn: int) -> None:
-        self.complete_lsn = max(self.complete_lsn, complete_lsn)
-        self.complete.labels(self.store).set(self.complete_lsn)
 
     def retry(self, reason: str) -> None:
         self.retries.labels(self.store, reason).inc()
 
-    def lag(self) -> tuple[int | None, float | None]:
-        """Bytes behind the slot's newest heartbeat, seconds since the topics first held a change
-        the store lacks."""
+    def lag(self, complete: int) -> tuple[int | None, float | None]:
+        """For a store complete up to `complete`: bytes behind the slot's newest heartbeat,
+        seconds since the topics first held a change the store lacks."""
         if self.heartbeats is None:
             return None, None
         with self._lock:  # scrapes may come in parallel
             self.heartbeats.poll()
-            behind, seconds, _ = self.heartbeats.lag(self.complete_lsn)
+            behind, seconds, _ = self.heartbeats.lag(complete)
         return behind, seconds
 
     def close(self) -> None:
@@ -97,20 +96,29 @@ class SinkMetrics:
             self.heartbeats.close()
 
 
-class _Lag(Collector):
-    """The lag gauges, computed at each scrape."""
+class _Progress(Collector):
+    """The complete-up-to LSN and the lag gauges, from the job's progress at each scrape (none
+    before the job is followed; no lag without the heartbeats). A job that knows no LSN yet
+    lags since the oldest heartbeat held: an alert on the lag fires for one stuck there."""
 
     def __init__(self, metrics: SinkMetrics) -> None:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Any]:
-        behind, seconds = self.metrics.lag()
+        store = self.metrics.store
+        complete = None if self.metrics.complete_lsn is None else self.metrics.complete_lsn()
+        gauge = GaugeMetricFamily("cdc_sink_complete_lsn", "The LSN up to which the store reflects the source "
+                                  "(0: none known yet)", labels=["store"])
+        if complete is not None:
+            gauge.add_metric([store], complete)
+        yield gauge
+        behind, seconds = self.metrics.lag(complete) if complete is not None else (None, None)
         lag_bytes = GaugeMetricFamily("cdc_sink_lag_bytes", "The slot's newest heartbeat LSN minus the LSN the "
                                       "store is complete up to", labels=["store"])
         lag_seconds = GaugeMetricFamily("cdc_sink_lag_seconds", "Since when the topics hold a change the store "
                                         "lacks (0: caught up)", labels=["store"])
         if behind is not None and seconds is not None:
-            lag_bytes.add_metric([self.metrics.store], behind)
-            lag_seconds.add_metric([self.metrics.store], seconds)
+            lag_bytes.add_metric([store], behind)
+            lag_seconds.add_metric([store], seconds)
         yield lag_bytes
         yield lag_seconds

@@ -6,8 +6,8 @@ each table's truncates recorded and applied (sinks.store: a truncate is remember
 every later change below it dropped); then the store writes, either every table in one
 pass of last changes per key (sinks.rows) or table by table in typed steps; the dead
 letters sent once per batch; the store's bookkeeping checked and written; last, the
-progress in LSN terms. Offsets live in the Spark checkpoint, which advances only after
-the batch function returned: a batch whose writes failed is read again.
+progress in LSN terms (`SinkJob._complete`). Offsets live in the Spark checkpoint, which
+advances only after the batch function returned: a batch whose writes failed is read again.
 """
 
 from __future__ import annotations
@@ -18,19 +18,20 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kafka.errors import KafkaError
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.config import Config
-from cdc.kafka.heartbeat import newest_heartbeat
+from cdc.kafka.follow import Heartbeats
 from cdc.kafka.topics import TopicAdmin, TopicError
 from cdc.naming import is_table_topic, table_of_topic
 from sinks import topics
 from sinks.batch import TableBatch, decode_table, table_batch
-from sinks.checkpoint import last_committed, query_id
+from sinks.checkpoint import last_committed, offsets, query_id
 from sinks.envelope import change_rows
 from sinks.metrics import SinkMetrics
 from sinks.rows import RowStore
@@ -48,16 +49,56 @@ from sinks.versions import Registry
 log = logging.getLogger(__name__)
 
 TABLE_THREADS = 4
-QUIET_S = 2.0  # no batch for this long: the streaming job looks whether its last heartbeat is complete
+QUIET_S = 2.0  # no batch and no look for this long: the streaming job looks how complete its store is
+MARKS_KEPT = 100  # LSNs vouched for whose ends the job has not read to yet (a long backlog takes no more)
+#: what a look at the feed's progress may meet (the broker, the checkpoint, the log): it is tried again
+LOOK_FAILURES = (TopicError, KafkaError, OSError, PySparkException)
 LETTER_COLUMNS = ("_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_key", "_cdc_error", "_value")
+
+
+class Vouches(Protocol):
+    """A follower of the LSNs a feed vouches for: every change committed at or below one is in
+    the feed (cdc.kafka.follow.Heartbeats, sinks.progress.Completed)."""
+
+    @property
+    def newest(self) -> int | None: ...
+
+    def poll(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Feed:
     """Where a job's records come from: the table topics (and the daemon's heartbeats), read
-    by Spark's Kafka source. A store may keep a feed of its own (sinks.store.Store.feed)."""
+    by Spark's Kafka source. A store may keep a feed of its own (sinks.store.Store.feed).
 
-    #: heartbeats and the topics' end offsets say how complete the store is (sinks.pipeline.SinkJob.settle)
-    settles = True
+    A feed also says how complete the store is, in LSNs (sinks.pipeline.SinkJob._complete):
+    the LSNs it vouches for (the heartbeats), where it ends (the table topics' end offsets)
+    and where a batch of the job ended (its offsets in the checkpoint)."""
+
+    #: its batches hold the LSNs it vouches for (the heartbeat topic is read with the tables)
+    in_batches = True
+
+    def vouches(self, config: Config) -> Vouches:
+        """The daemon's heartbeats, followed."""
+        return Heartbeats(config.topic)
+
+    def ends(self, job: SinkJob) -> Any:
+        """Where the feed ends now: per table topic and partition, its end offset."""
+        admin = job.ends_admin()
+        tables = [t for t in admin.topics_with_prefix(job.prefix) if is_table_topic(job.prefix, t)]
+        return admin.end_offsets(tables)
+
+    def read(self, spark: SparkSession, checkpoint: str, batch: int | None) -> Any:
+        """Where batch `batch` of the query on `checkpoint` ends (None: its last committed
+        batch); None when there is no such batch."""
+        if batch is None:
+            batch = last_committed(spark, checkpoint)
+        return None if batch is None else offsets(spark, checkpoint, batch)
+
+    def within(self, ends: Any, read: Any) -> bool:
+        """Whether a job that read to `read` read everything up to `ends`."""
+        return drained(read, ends)
 
     def stream(self, spark: SparkSession, config: Config) -> DataFrame:
         """The streaming DataFrame of the job's query."""
@@ -91,7 +132,7 @@ class Progress:
 
     tables: dict[str, int] = field(default_factory=dict)  # topic -> highest commit LSN applied
     complete_lsn: int = 0  # every transaction committed at or below it is in the store
-    heartbeat_lsn: int = 0  # the newest daemon heartbeat read (complete after the next batch, or `settle`)
+    heartbeat_lsn: int = 0  # the newest LSN the feed vouched for (complete once the job read to the feed's end then)
     batches: int = 0
     dead_letters: int = 0
     records: int = 0  # applied to the store, ever (`cdc top` and `cdc report` tell its rate)
@@ -138,11 +179,19 @@ class SinkJob:
         self.running = False  # a batch is being applied (SIGTERM waits for it)
         self.last_batch: int | None = None  # the id of the last batch this run committed
         self.batch_ended = 0.0  # when it ended (monotonic)
-        self._settled: int | None = None  # the last batch `settle` looked after
         self._unknown: dict[int, set[str]] = {}  # batch -> tables it failed for once, without a version
         self._admin: TopicAdmin | None = None
         self.failure: BaseException | None = None
-        self._lock = threading.Lock()  # tables are applied in parallel threads; `settle` runs beside batches
+        self._lock = threading.Lock()  # tables are applied in parallel threads; `look` runs beside batches
+        # the LSNs the feed vouched for, each with where the feed ended then (`_complete`), LSNs rising
+        self._marks: list[tuple[int, Any]] = []
+        self._vouches: Vouches | None = None
+        self._ends_admin: TopicAdmin | None = None
+        self._looked = 0.0  # when the job last looked how complete its store is (monotonic)
+        self._look_failed = False
+        self._marking = threading.Lock()  # the marks and their clients: batches and looks take turns
+        if metrics is not None:
+            metrics.follow(lambda: self.progress.complete_lsn)
 
     # -- the store's bookkeeping -----------------------------------------------------
     def begin(self, checkpoint: str) -> None:
@@ -163,7 +212,7 @@ class SinkJob:
         """The store was cleared: it is complete up to nothing, until the replay says more."""
         with self._lock:
             self.progress = Progress(dead_letters=self.progress.dead_letters, records=self.progress.records)
-            self._settled = None
+            self._marks = []
             self.progress_log.send(self.progress.as_record(self.store.name, -1))
 
     # -- one batch -------------------------------------------------------------------
@@ -245,8 +294,7 @@ class SinkJob:
             self._record(batch_id, applied, beat, sum(counts.values()))
             ended = time.monotonic()
             if self.metrics is not None:
-                self.metrics.batch(ended - started, counts, self.progress.dead_letters - letters_before,
-                                   self.progress.complete_lsn)
+                self.metrics.batch(ended - started, counts, self.progress.dead_letters - letters_before)
             log.info(
                 "%sbatch %d: %d records of %d tables in %.1f s (read %.1f, statistics %.1f, store %.1f, progress %.1f)",
                 "" if self.feed is TOPICS else f"{store.name} ",  # a store's own feed: its job's name
@@ -428,66 +476,86 @@ class SinkJob:
 
     # -- progress --------------------------------------------------------------------
     def _record(self, batch_id: int, applied: dict[str, int], beat: int | None, records: int) -> None:
-        """Every record below a heartbeat read in an earlier batch was in the topics when this
-        batch's offsets were taken, so this batch completes the store up to that heartbeat."""
+        """The batch's progress record: the highest commit LSN applied per table, how complete
+        the store is now (`_complete`, with `beat`, the newest heartbeat the batch read)."""
         progress = self.progress
         with self._lock:
             for topic, lsn in applied.items():
                 progress.tables[topic] = max(progress.tables.get(topic, 0), lsn)
-            progress.complete_lsn = max(progress.complete_lsn, progress.heartbeat_lsn)
-            if beat is not None:
-                progress.heartbeat_lsn = max(progress.heartbeat_lsn, beat)
             progress.batches += 1
             progress.records += records
+        self._complete(batch_id, beat, ask=not self.feed.in_batches)
+        with self._lock:
             self.last_batch, self.batch_ended = batch_id, time.monotonic()
             self.progress_log.send(progress.as_record(self.store.name, batch_id))
 
-    def quiet(self) -> bool:
-        """No batch for QUIET_S since one that `settle` has not looked after."""
-        return (self.feed.settles and not self.running and self.last_batch != self._settled
-                and time.monotonic() - self.batch_ended >= QUIET_S)
-
-    def settle(self, read: dict[str, dict[int, int]] | None) -> None:
-        """When no next batch comes to complete the last heartbeat (see `_record`): at the end
-        of a drained run (`--once`), or while the topics are quiet. The newest heartbeat in its
-        topic is read first, then the table topics' end offsets: every record below that
-        heartbeat is within them. If no table topic grew past `read` (per topic and partition,
-        the offset after the last record the applied batches read; None: not known), the store
-        is complete up to it, even when the batches read only an older heartbeat (a `--once`
-        run that starts right after the writes). Once per batch: topics that grew bring a batch."""
+    def _complete(self, batch: int | None, beat: int | None = None, ask: bool = False) -> bool:
+        """Mark `beat` (`ask`: the newest LSN the feed vouches for now) with where the feed ends
+        now, then complete the store up to the newest mark that batch `batch` (None: the last
+        committed one) read to; True when that moved it. Every change committed at or below a
+        vouched-for LSN was in the feed before its end was taken: a job that read to that end
+        holds them, whatever its batches held and whether any batch comes after."""
         progress = self.progress
-        with self._lock:
-            batch = self.last_batch
-            if not self.feed.settles or read is None or batch is None or batch == self._settled:
-                return
-            self._settled = batch
-        try:
-            beat = max(progress.heartbeat_lsn, newest_heartbeat(self.config.topic))
-            if beat <= progress.complete_lsn:
-                return
-            admin = TopicAdmin(self.config.topic)
+        with self._marking:
             try:
-                tables = [t for t in admin.topics_with_prefix(self.prefix) if is_table_topic(self.prefix, t)]
-                now = admin.end_offsets(tables)
-            finally:
-                admin.close()
-        except (TopicError, KafkaError, OSError) as exc:  # the store is written; only this shortcut to its progress is lost
-            log.warning("progress stays complete up to the heartbeat before the last one: %s", exc)
-            return
-        if drained(read, now):
+                if ask:
+                    if self._vouches is None:
+                        self._vouches = self.feed.vouches(self.config)
+                    self._vouches.poll()
+                    beat = self._vouches.newest
+                if beat is not None and beat > max(progress.complete_lsn, self._marks[-1][0] if self._marks else 0):
+                    with self._lock:
+                        progress.heartbeat_lsn = max(progress.heartbeat_lsn, beat)
+                    if len(self._marks) < MARKS_KEPT:
+                        self._marks.append((beat, self.feed.ends(self)))
+                if not self._marks or not self.checkpoint:
+                    return False
+                read = self.feed.read(self.spark, self.checkpoint, batch)
+            except LOOK_FAILURES as exc:  # the store is written; its progress is looked at again
+                if not self._look_failed:
+                    log.warning("sink %s: how complete the store is stays unknown for now: %s", self.store.name,
+                                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                                extra={"store": self.store.name})
+                self._look_failed = True
+                return False
+            self._look_failed = False
+            done = [lsn for lsn, ends in self._marks if read is not None and self.feed.within(ends, read)]
+            if not done:
+                return False
+            self._marks = [(lsn, ends) for lsn, ends in self._marks if lsn > max(done)]
             with self._lock:
-                if beat > progress.complete_lsn:  # else a later batch completed it already
-                    progress.complete_lsn = beat
-                    progress.heartbeat_lsn = max(progress.heartbeat_lsn, beat)
-                    self.progress_log.send(progress.as_record(self.store.name, batch))
-                    if self.metrics is not None:
-                        self.metrics.settled(beat)
+                if max(done) <= progress.complete_lsn:
+                    return False
+                progress.complete_lsn = max(done)
+            return True
+
+    def quiet(self) -> bool:
+        """No batch runs, and for QUIET_S none ended and the job did not look: time to `look`."""
+        return not self.running and time.monotonic() - max(self.batch_ended, self._looked) >= QUIET_S
+
+    def look(self) -> None:
+        """Between batches (quiet, the end of a `--once` run, a stop): how complete the store is
+        against the newest LSN the feed vouches for now, from the committed batches. No batch
+        has to come for it: a source without traffic, a run that starts right after the
+        writes and reads only the heartbeat from before them, a job started again with
+        nothing new to read, the history query while the warehouse job moves on."""
+        self._looked = time.monotonic()
+        if self._complete(None, ask=True):
+            with self._lock:
+                self.progress_log.send(self.progress.as_record(self.store.name, self.state.batch))
+
+    def ends_admin(self) -> TopicAdmin:
+        """The admin client the marks take the topics' end offsets with (`_marking` held)."""
+        if self._ends_admin is None:
+            self._ends_admin = TopicAdmin(self.config.topic)
+        return self._ends_admin
 
     def close(self) -> None:
         self.schemas.close()
         self.progress_log.close()
-        if self._admin is not None:
-            self._admin.close()
+        for client in (self._admin, self._ends_admin, self._vouches):
+            if client is not None:
+                client.close()
         self.store.close()
 
 
@@ -518,4 +586,4 @@ def _first(bad: list[DataFrame]) -> Any:
     return found[0] if found else None
 
 
-__all__ = ["TOPICS", "Feed", "Progress", "SinkJob", "StopRequested", "StoreLost", "UnknownVersion", "drained"]
+__all__ = ["TOPICS", "Feed", "Progress", "SinkJob", "StopRequested", "StoreLost", "UnknownVersion", "Vouches", "drained"]

@@ -3,8 +3,8 @@
 Each job sends one after every micro-batch (`ProgressLog`): per table the highest commit
 LSN applied, and the LSN up to which its store is complete. The job reads its own back
 when it starts again; `cdc status` (the tombstone horizon) and `cdc verify` (whether a
-store has applied everything up to a snapshot) read them all. No pyspark here: the
-command line imports this module.
+store has applied everything up to a snapshot) read them all, and the history query follows
+the warehouse job's (`Completed`). No pyspark here: the command line imports this module.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import orjson
 
 from cdc.config import TopicConfig
 from cdc.kafka.clients import producer
+from cdc.kafka.follow import Follower
 from cdc.kafka.reader import read_topic
 
 SINKS_SUFFIX = "__cdc_sinks"
@@ -70,3 +71,22 @@ class ProgressLog:
     def close(self) -> None:
         if self._producer is not None:
             self._producer.close(5)
+
+
+class Completed:
+    """The LSN one job's store is complete up to, as its records arrive (`poll`; `newest`:
+    None before its first record). The history query's feed is the warehouse job's change
+    log, which holds no heartbeats: that job's progress vouches for it instead."""
+
+    def __init__(self, config: TopicConfig, job: str) -> None:
+        self.job = job.encode()
+        self.newest: int | None = None
+        self._follower = Follower(config, sinks_topic(config.prefix), client_id="cdc-sink-progress")
+
+    def poll(self) -> None:
+        for record in self._follower.poll():
+            if record.key == self.job and record.value is not None:
+                self.newest = int(orjson.loads(record.value).get("complete_lsn", 0))
+
+    def close(self) -> None:
+        self._follower.close()

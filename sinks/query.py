@@ -8,9 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-import orjson
 from pyspark.sql import SparkSession
 
 from cdc.config import Config
@@ -73,32 +71,18 @@ def _query(
                 query.stop()
                 break
             if not once and job.quiet():
-                job.settle(_offsets_read(query))
+                job.look()
             time.sleep(0.2)
         stopped = stopped or isinstance(job.failure, StopRequested)
         if job.failure is not None and not stopped:
             raise job.failure
         if query.exception() is not None and not stopped:
             raise QueryFailed(str(query.exception()))
-        if once and not stopped:
-            job.settle(_offsets_read(query))
+        job.look()  # drained or stopped: how complete the store is as the run leaves it
     finally:
         if query.isActive:
             query.stop()
     return stopped and handover is not None and handover.requested()
-
-
-def _offsets_read(query: Any) -> dict[str, dict[int, int]] | None:
-    """Per topic and partition, the offset after the last record the query read: its last
-    committed batch's end offsets (lastProgress follows each commit); None before the first."""
-    progress = query.lastProgress
-    if progress is None or not progress.sources:
-        return None
-    end = progress.sources[0].endOffset
-    offsets = orjson.loads(end) if isinstance(end, str) else end
-    if not offsets or not all(isinstance(parts, dict) for parts in offsets.values()):
-        return None  # not Kafka's: another feed (sinks.pipeline.Feed)
-    return {topic: {int(part): int(offset) for part, offset in parts.items()} for topic, parts in offsets.items()}
 
 
 def ensure_topics(config: Config) -> None:

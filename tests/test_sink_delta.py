@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 from cdc.config import TopicConfig
 from cdc.kafka.heartbeat import newest_heartbeat
 from cdc.kafka.reader import read_topic
+from sinks.progress import read_progress
 from tests.support import (
     SINK_TIMEOUT_S,
     Sink,
@@ -251,6 +252,8 @@ def test_current_changes_and_history_follow_the_source(
     high, low = (int(part, 16) for part in sink_status["complete_lsn"].split("/"))
     # the --once run read the heartbeat past the last write and nothing came after it: complete
     assert high << 32 | low >= written and sink_status["lag_bytes"] >= 0
+    # the history query read the whole change log after the warehouse job's last run: as complete as it
+    assert status["sinks"]["delta-history"]["complete_lsn"] == sink_status["complete_lsn"]
 
     # the truncate ends k1's first version, deleted, though k1's first change in that batch is its insert after
     odd_history = _table(spark, warehouse, "history", "Odd-20Name").collect()
@@ -611,6 +614,14 @@ def test_a_batch_commits_once_per_table_it_touches_and_history_follows_by_its_ow
     # ([delta] history_interval_s); the change log holds the records meanwhile
     sink.start()
     sink.next_batch()
+    # nothing new for history's query, which read the whole log: as complete as the warehouse job
+    beats = TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix)
+
+    def history_as_complete() -> bool:
+        progress = read_progress(beats)
+        return int(progress["delta-history"]["complete_lsn"]) == int(progress["delta"]["complete_lsn"]) > 0
+
+    wait_for(history_as_complete, SINK_TIMEOUT_S, "the history query to be as complete as the warehouse job")
     db.execute("UPDATE public.t2 SET v = 7 WHERE id = 1")
     wait_caught_up(db.dsn, slot, daemon)
     topic = f"{topic_prefix}.public.t2"

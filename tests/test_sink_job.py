@@ -27,7 +27,7 @@ from sinks import runner
 from sinks.cache import CacheStore
 from sinks.query import ensure_topics
 from sinks.store import SinkStopped, StoreUnavailable
-from tests.support import wait_caught_up, write_config
+from tests.support import wait_caught_up, wait_for, write_config
 
 
 def _captured(tmp_path: Path, db: Any, run_daemon: Any, servers: str, prefix: str, redis_url: str) -> Any:
@@ -353,40 +353,83 @@ def test_a_store_that_cannot_be_cleared_yet_is_cleared_on_a_later_attempt(
     assert {row["id"] for row in _cached(redis_server.url, topic_prefix).values()} == {1, 2, 3}
 
 
-def test_a_drained_run_is_complete_up_to_the_newest_heartbeat_even_one_its_batches_did_not_read(
+def test_a_job_with_nothing_new_to_read_is_complete_up_to_the_newest_heartbeat_once_it_looks(
     tmp_path: Path, db: Any, run_daemon: Any, broker_servers: str, topic_prefix: str, redis_server: LocalRedis,
     spark: SparkSession,
 ) -> None:
-    """A `--once` run that starts right after the writes reads the heartbeat from before them;
-    when it ends, every record below the newest heartbeat is within the topics' end offsets,
-    and it read to them: the store is complete up to that one (else `cdc verify` waits for a
-    sink that already stopped). A topic that grew since keeps it where it was."""
+    """A job started again after it read everything, or a `--once` run that starts right after
+    the writes, reads no batch with the newest heartbeat: between batches it looks, and every
+    record below that heartbeat is within the offsets its checkpoint committed, so the store
+    is complete up to it (else `cdc verify` waits for a sink that already stopped, and `cdc
+    status` shows it behind). A table topic that grew since keeps it where it was."""
     from kafka import KafkaProducer
 
     from cdc.kafka.heartbeat import heartbeat_record, newest_heartbeat
     from sinks.pipeline import SinkJob
+    from sinks.progress import read_progress
 
     config = _captured(tmp_path, db, run_daemon, broker_servers, topic_prefix, redis_server.url)
     before = runner.keep_running(spark, config, CacheStore(config.cache, topic_prefix), True, lambda: False)
-    newer = max(before.complete_lsn, newest_heartbeat(config.topic)) + 1000
-    beat = heartbeat_record(topic_prefix, config.source.slot, newer)
     sender = KafkaProducer(bootstrap_servers=broker_servers)
-    sender.send(beat.topic, key=beat.key, value=beat.value).get(30)
-    sender.close()
 
-    admin = TopicAdmin(config.topic)
-    ends = admin.end_offsets([t for t in admin.topics_with_prefix(topic_prefix) if t.endswith(".public.acct")])
-    admin.close()
-    for read, expected in ((_behind(ends), before.complete_lsn), (ends, newer)):
-        job = SinkJob(spark, config, CacheStore(config.cache, topic_prefix))
-        job.last_batch = 1
-        job.settle(read)
+    def beat(lsn: int) -> None:
+        record = heartbeat_record(topic_prefix, config.source.slot, lsn)
+        sender.send(record.topic, key=record.key, value=record.value).get(30)
+
+    newer = max(before.complete_lsn, newest_heartbeat(config.topic)) + 1000
+    beat(newer)
+    job = SinkJob(spark, config, CacheStore(config.cache, topic_prefix))
+    try:
+        job.begin(runner.checkpoint(config, "cache"))
+        job.look()
+        assert job.progress.complete_lsn == newer
+        assert read_progress(config.topic)["cache"]["complete_lsn"] == str(newer)  # what `cdc status` reads
+        sender.send(f"{topic_prefix}.public.acct", key=b'{"id":4}', value=b"{}").get(30)  # not read by the job
+        beat(newer + 1000)
+        job.look()
+        assert job.progress.complete_lsn == newer
+    finally:
         job.close()
-        assert job.progress.complete_lsn == expected
+        sender.close()
 
 
-def _behind(ends: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
-    """`ends` with one record of one partition not read."""
-    topic = next(iter(ends))
-    partition = next(p for p, end in ends[topic].items() if end > 0)
-    return {**ends, topic: {**ends[topic], partition: ends[topic][partition] - 1}}
+def test_a_drained_job_says_how_complete_its_store_is_in_its_progress_its_metrics_and_as_it_stops(
+    tmp_path: Path, db: Any, run_daemon: Any, broker_servers: str, topic_prefix: str, redis_server: LocalRedis,
+    spark: SparkSession,
+) -> None:
+    """A source idle after its snapshot: the streaming job's first batch reads every snapshot
+    row and the daemon's heartbeat, and nothing comes after. That batch's progress record,
+    the job's metric and what it says as it stops (the last line of `cdc sink`) name the
+    heartbeat's LSN, not 0/0; the job started again says the same before any batch."""
+    from cdc.kafka.heartbeat import newest_heartbeat
+    from sinks.metrics import SinkMetrics
+    from sinks.pipeline import SinkJob
+    from sinks.topics import ProgressLog
+
+    config = _captured(tmp_path, db, run_daemon, broker_servers, topic_prefix, redis_server.url)
+    heartbeat = wait_for(lambda: newest_heartbeat(config.topic), 60, "the daemon's first heartbeat")
+    stop = threading.Event()
+    said: list[int] = []
+    send = ProgressLog.send
+
+    def record(self: ProgressLog, progress: dict[str, Any]) -> None:
+        said.append(int(progress["complete_lsn"]))
+        send(self, progress)
+        stop.set()  # SIGTERM right after the first batch
+
+    metrics = SinkMetrics("cache", config)
+    ProgressLog.send = record  # type: ignore[method-assign]
+    try:
+        progress = runner.keep_running(spark, config, CacheStore(config.cache, topic_prefix), False, stop.is_set,
+                                       metrics)
+    finally:
+        ProgressLog.send = send  # type: ignore[method-assign]
+    assert progress.records == 3
+    assert said[0] >= heartbeat > 0
+    assert progress.complete_lsn >= heartbeat
+    complete = metrics.registry.get_sample_value
+    assert complete("cdc_sink_complete_lsn", {"store": "cache"}) == progress.complete_lsn
+    again = SinkMetrics("cache", config)
+    job = SinkJob(spark, config, CacheStore(config.cache, topic_prefix), metrics=again)
+    job.close()
+    assert again.registry.get_sample_value("cdc_sink_complete_lsn", {"store": "cache"}) == progress.complete_lsn
