@@ -160,6 +160,36 @@ class JsonFormatter(RedactingFormatter):
         return json.dumps(line, ensure_ascii=False, default=lambda v: redact(str(v)))
 
 
+def json_component() -> str | None:
+    """The `component` of this process's JSON log lines, None when it logs text: the JVMs it
+    starts (Spark's driver) log as it does."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler.formatter, JsonFormatter):
+            return handler.formatter.component
+    return None
+
+
+def redact_json_line(line: str) -> str | None:
+    """A JSON object line another program wrote (Spark's JVM), every string in it redacted and
+    encoded as JsonFormatter encodes; None when `line` is not a JSON object. Parsed, not
+    searched as text: a DSN's `password=\\S+` shape would eat the rest of a compact line."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return json.dumps(_redacted(value), ensure_ascii=False) if isinstance(value, dict) else None
+
+
+def _redacted(value: object) -> object:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_redacted(item) for item in value]
+    return value
+
+
 def install(secrets: Iterable[str]) -> None:
     """Mask these secrets from now on: in `redact()`, on every handler of the root logger and in
     the traceback of an uncaught exception (main thread and others). Idempotent."""

@@ -2,9 +2,9 @@
 
 One place decides what Spark gets: the Kafka source and Delta as local jars (never
 Ivy, see `cdc.local.jars`), Delta's SQL extension and catalog, a bigger driver
-thread stack, and quiet local defaults. This module imports nothing from the
-capture side (psycopg, the C accelerator): executors run the driver's interpreter
-and must not need them.
+thread stack, quiet local defaults, and a driver that logs as the process starting it
+(sinks.spark_log). This module imports nothing from the capture side (psycopg, the C
+accelerator): executors run the driver's interpreter and must not need them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from pyspark.sql import SparkSession
 
 from cdc.local import jars
 from cdc.local.process import LOCALHOST
+from cdc.redact import json_component
+from sinks import spark_log
 
 DEFAULT_MASTER = "local[2]"
 DRIVER_JAVA_OPTIONS = "-Xss16m"
@@ -32,8 +34,9 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # query.stop() during a batch otherwise kills the query thread with a
-        # StackOverflowError (Spark matches a regex over a huge interruption message).
-        "spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS,
+        # StackOverflowError (Spark matches a regex over a huge interruption message);
+        # the driver logs as this process does (text or JSON lines)
+        "spark.driver.extraJavaOptions": f"{DRIVER_JAVA_OPTIONS} {spark_log.java_options(json_component() is not None)}",
         "spark.log.level": "WARN",  # also under spark-submit, whose default is INFO
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -59,12 +62,13 @@ JSON_LOG4J = "-Dlog4j2.configurationFile=org/apache/spark/log4j2-json-layout.pro
 
 
 def log_conf(log_format: str) -> dict[str, str]:
-    """`[spark] log_format = "json"`: the JVMs log through Spark's own JSON layout (`ts`,
-    `level`, `msg`, `logger`), one object per line like the job's Python side."""
+    """`[spark] log_format = "json"`: the driver logs JSON lines with the Python side's keys
+    (sinks.spark_log); executors, whose log stays on their worker, Spark's own JSON layout
+    (`ts`, `level`, `msg`, `logger`), which every Spark has on its classpath."""
     if log_format != "json":
         return {}
     return {
-        "spark.driver.extraJavaOptions": f"{DRIVER_JAVA_OPTIONS} {JSON_LOG4J}",
+        "spark.driver.extraJavaOptions": f"{DRIVER_JAVA_OPTIONS} {spark_log.java_options(True)}",
         "spark.executor.extraJavaOptions": JSON_LOG4J,
     }
 
@@ -90,13 +94,18 @@ def build_session(
     """Start this process's SparkSession (`conf` adds or overrides settings).
 
     The driver JVM reads its settings once, at start: a process that already has a
-    session gets that one back unchanged, so build it once per process.
+    session gets that one back unchanged, so build it once per process. A process that
+    logs JSON lines gets the JVM's other lines on stderr as JSON lines too.
     """
     os.environ.update(spark_environment())
     builder = SparkSession.builder
     for key, value in {**session_conf(app_name, master), **(conf or {})}.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    component = json_component()
+    if component is None:
+        return builder.getOrCreate()
+    with spark_log.stderr_as_json(component):
+        return builder.getOrCreate()
 
 
 def submit_command(

@@ -111,8 +111,9 @@ def test_kafka_clients_are_made_in_one_place() -> None:
 
 
 # Where the terminal is spoken to on purpose: the CLI and its demo; logging and the excepthooks
-# (the redaction that keeps secrets out of every line); the live progress line of a snapshot.
-TALKERS = {"cdc.cli", "cdc.local.demo", "cdc.redact", "snapshot.progress"}
+# (the redaction that keeps secrets out of every line); the live progress line of a snapshot;
+# the Spark driver's own stderr, relayed as JSON lines.
+TALKERS = {"cdc.cli", "cdc.local.demo", "cdc.redact", "snapshot.progress", "sinks.spark_log"}
 
 
 def _talks_to_the_terminal(tree: ast.Module) -> list[int]:

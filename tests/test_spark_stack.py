@@ -102,6 +102,7 @@ def test_spark_gets_only_the_jars_pyspark_lacks() -> None:
 
 def test_submit_command_carries_the_session_settings() -> None:
     from sinks.spark import session_conf, submit_command
+    from sinks.spark_log import config_file
 
     argv = submit_command("job.py", ["--once"], app_name="job", master="spark://127.0.0.1:7077")
     assert argv[0] == str(jars.spark_home() / "bin" / "spark-submit")
@@ -110,7 +111,7 @@ def test_submit_command_carries_the_session_settings() -> None:
     confs = dict(arg.split("=", 1) for arg in argv[6:-2:2])
     expected = session_conf("job", "spark://127.0.0.1:7077")
     assert confs == {k: v for k, v in expected.items() if k not in ("spark.master", "spark.app.name")}
-    assert confs["spark.driver.extraJavaOptions"] == "-Xss16m"
+    assert confs["spark.driver.extraJavaOptions"] == f"-Xss16m -Dlog4j2.configurationFile={config_file('text')}"
 
 
 @pytest.mark.slow
