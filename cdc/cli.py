@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterable
 from functools import wraps
@@ -479,10 +480,14 @@ def sink(config: Config, store: str, once: bool, in_driver: bool, print_submit: 
         progress = run_here(config, store, once, StopSignal())
     except (SinkStopped, TypeConflict) as exc:
         _fail(str(exc))
-    click.echo(
+    summary = (
         f"sink {store}: {progress.batches} batches, {len(progress.tables)} tables, complete up to LSN "
         f"{format_lsn(progress.complete_lsn)}, {progress.dead_letters} dead letters"
     )
+    if config.spark.log_format == "json":  # one JSON object per line on the job's output, this one too
+        logging.getLogger("cdc.cli").info("%s", summary)
+    else:
+        click.echo(summary)
 
 
 @main.group()

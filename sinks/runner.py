@@ -25,6 +25,7 @@ from pyspark.sql import SparkSession
 
 from cdc.config import Config, ConfigError
 from cdc.kafka.topics import TopicError
+from cdc.redact import json_component
 from sinks import checkpoint as checkpoints
 from sinks import stores
 from sinks.batch import TypeConflict
@@ -32,6 +33,7 @@ from sinks.metrics import SinkMetrics
 from sinks.pipeline import Progress, SinkJob, UnknownVersion
 from sinks.query import StopSignal, ensure_topics, run
 from sinks.spark import build_session, log_conf, spark_environment, submit_command
+from sinks.spark_log import stderr_as_json
 from sinks.store import SinkStopped, Store, StoreLost, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -279,7 +281,13 @@ def run_submitted(config: Config, store_name: str, command: list[str], config_pa
         argv = submit(config, command, config_path, workdir)
         log.info("submitting to %s: %s", config.spark.master, " ".join(argv[:1] + argv[-6:]))
         pid_file = Path(workdir) / "driver.pid"
-        child = subprocess.Popen(argv, env={**submit_environment(), DRIVER_PID_ENV: str(pid_file)})
+        env = {**submit_environment(), DRIVER_PID_ENV: str(pid_file)}
+        component = json_component()
+        if component is None:
+            child = subprocess.Popen(argv, env=env)
+        else:  # spark-submit's JVM prints lines of its own before any log4j config: JSON lines too
+            with stderr_as_json(component):
+                child = subprocess.Popen(argv, env=env)
 
         def forward(signum: int, _frame: object) -> None:
             """To the Python driver, which lets its running batch finish and exits; spark-submit's
