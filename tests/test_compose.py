@@ -29,7 +29,8 @@ BASE = (DOCKER / "compose.yaml",)
 PROD = (*BASE, DOCKER / "compose.prod.yaml")
 ENV_FILE = DOCKER / ".env.example"
 SECRETS = {"POSTGRES_PASSWORD": "pg-secret", "REDIS_PASSWORD": "redis-secret"}  # .env.example leaves them empty
-CDC_IMAGE = "pg-cdc:latest"
+CAPTURE_IMAGE, SINKS_IMAGE = "pg-cdc-capture:latest", "pg-cdc-sinks:latest"
+SPARK_SERVICES = ("spark-master", "spark-worker", "sink-delta", "sink-search", "sink-cache")
 
 
 def compose_config(files: tuple[Path, ...], secrets: dict[str, str] = SECRETS) -> subprocess.CompletedProcess[str]:
@@ -88,7 +89,7 @@ def named_volumes(service: dict[str, Any]) -> dict[str, str]:
 
 
 def is_cdc(service: dict[str, Any]) -> bool:
-    return service["image"] == CDC_IMAGE and service["command"][0] == "cdc"
+    return service["image"] in (CAPTURE_IMAGE, SINKS_IMAGE) and service["command"][0] == "cdc"
 
 
 def test_the_compose_files_validate_and_refuse_to_start_without_their_secrets() -> None:
@@ -98,6 +99,20 @@ def test_the_compose_files_validate_and_refuse_to_start_without_their_secrets() 
         done = compose_config(files, secrets={})
         assert done.returncode != 0
         assert "set POSTGRES_PASSWORD in docker/.env" in done.stderr
+
+
+@pytest.mark.parametrize("shape", ["base", "prod"])
+def test_the_daemon_runs_the_capture_image_and_the_spark_services_the_sinks_image(
+    shape: str, request: pytest.FixtureRequest
+) -> None:
+    """The daemon needs no Spark and no JVM: its service builds the Dockerfile's `capture`
+    target; the sink jobs, the master and the worker share the `sinks` one (executors run
+    the driver's interpreter and packages)."""
+    services = request.getfixturevalue(shape)["services"]
+    built = {name: (s["image"], s["build"].get("target"), s["build"]["dockerfile"])
+             for name, s in services.items() if "build" in s}
+    assert built == {"cdc": (CAPTURE_IMAGE, "capture", "docker/Dockerfile"),
+                     **{name: (SINKS_IMAGE, "sinks", "docker/Dockerfile") for name in SPARK_SERVICES}}
 
 
 def test_every_service_restarts_checks_its_health_and_waits_for_what_it_needs(prod: dict[str, Any]) -> None:

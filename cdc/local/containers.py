@@ -5,10 +5,11 @@ builds containers. Every call goes through `podman()`: runc with cgroupfs (podma
 default crun fails here, "cgroups in hybrid mode not supported") and explicit ulimits on
 `run` and `build` (without them runc fails on setrlimit). The base image is Debian 12 made
 by `debootstrap` from the mirror apt already uses and imported (`make_base_image`); the
-project's image (docker/Dockerfile) builds FROM it (`build_image`), with the machine's CA
-bundle as a build secret for pip and Maven (TLS is re-signed here) and pyspark's wheel
-from the host's pip cache (`wheelhouse`). Containers use the host's network. Used by the
-container test tier and `.ci/run`.
+project's two images (docker/Dockerfile's targets `capture`, the daemon without Spark or
+a JVM, and `sinks`, the Spark jobs) build FROM it (`build_image`), with the machine's CA
+bundle as a build secret for pip and Maven (TLS is re-signed here) and, for `sinks`,
+pyspark's wheel from the host's pip cache (`wheelhouse`). Containers use the host's
+network. Used by the container test tier and `.ci/run`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ from cdc.local.process import ServiceUnavailable, require_command
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 BASE_IMAGE = "localhost/debian:bookworm-local"
-IMAGE = "localhost/pg-cdc:dev"
+CAPTURE_IMAGE = "localhost/pg-cdc-capture:dev"
+SINKS_IMAGE = "localhost/pg-cdc-sinks:dev"
+#: docker/Dockerfile's final stages (`--target`) and the local tag of each, in build order
+#: (sinks reuses capture's dependency and wheel layers).
+TARGETS = {"capture": CAPTURE_IMAGE, "sinks": SINKS_IMAGE}
 SUITE = "bookworm"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -140,10 +145,11 @@ def wheelhouse(folder: Path) -> Path:
 
 
 def build_argv(
-    tag: str = IMAGE, base: str = BASE_IMAGE, wheels: Path | None = None, ca_bundle: Path | None = CA_BUNDLE
+    target: str, base: str = BASE_IMAGE, wheels: Path | None = None, ca_bundle: Path | None = CA_BUNDLE
 ) -> list[str]:
-    """The `podman build` of docker/Dockerfile (the README quotes it)."""
-    argv = ["build", "--network", "host", *ULIMITS, "-f", str(DOCKERFILE), "-t", tag, "--build-arg", f"BASE_IMAGE={base}"]
+    """The `podman build` of one target of docker/Dockerfile (the README quotes it)."""
+    argv = ["build", "--network", "host", *ULIMITS, "-f", str(DOCKERFILE), "--target", target, "-t", TARGETS[target],
+            "--build-arg", f"BASE_IMAGE={base}"]
     if ca_bundle is not None:
         argv += ["--secret", f"id=ca,src={ca_bundle}"]
     if wheels is not None:
@@ -151,18 +157,23 @@ def build_argv(
     return podman_argv(*argv, str(ROOT))
 
 
-def build_image(tag: str = IMAGE, base: str = BASE_IMAGE, log: Path | None = None) -> str:
-    """Build the project's image from `base` (made first if missing); returns `tag`.
+def build_image(target: str, base: str = BASE_IMAGE, log: Path | None = None) -> str:
+    """Build the image of `target` (a key of TARGETS) from `base` (made first if missing);
+    returns its tag.
 
     Layers, pip's cache and Maven's repository are reused between builds (a build with
-    nothing changed takes seconds); pyspark comes from the host's pip cache.
+    nothing changed takes seconds); for `sinks`, pyspark comes from the host's pip cache.
     """
+    if target not in TARGETS:
+        raise ValueError(f"unknown image target {target!r}: one of {', '.join(TARGETS)}")
     if not DOCKERFILE.is_file():
         raise ServiceUnavailable(f"{DOCKERFILE} not found: build from a source checkout of the project")
     make_base_image(base)
     ca = CA_BUNDLE if CA_BUNDLE.is_file() else None
+    tag = TARGETS[target]
     with tempfile.TemporaryDirectory(prefix="cdc-wheelhouse-") as tmp:
-        argv = build_argv(tag, base, wheelhouse(Path(tmp)), ca)
+        wheels = wheelhouse(Path(tmp)) if target == "sinks" else None
+        argv = build_argv(target, base, wheels, ca)
         done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
     if log is not None:
         log.write_text(done.stdout + done.stderr)
@@ -245,7 +256,7 @@ class Container:
         self.remove()
 
 
-def writable_by_image_user(path: Path, image: str = IMAGE) -> Path:
+def writable_by_image_user(path: Path, image: str) -> Path:
     """`path` as a directory the image's (non-root) user owns, for a bind mount."""
     path.mkdir(parents=True, exist_ok=True)
     ids = podman("run", "--rm", *ULIMITS, "--network", "none", image, "sh", "-c", "id -u; id -g").stdout.split()
