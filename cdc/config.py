@@ -412,6 +412,13 @@ class DeltaConfig:
         268435456, "most bytes of the change log's files one history batch reads (at least one file); bounds its "
         "memory", low=1,
     )
+    verify_reader: str = opt(
+        "auto", "how `cdc verify` reads `current/`: `auto`: delta-rs, without a Spark session, for a local table "
+        "of at most 64 MiB of data files that delta-rs reads (no deletion vectors, column mapping or type "
+        "widening), Spark (hashing where the data is) for the others; `spark`: always Spark; `delta-rs`: "
+        "delta-rs whatever the size (Spark still for the tables it cannot read)",
+        choices=("auto", "spark", "delta-rs"),
+    )
 
 
 @dataclass

@@ -1,21 +1,23 @@
 """`cdc verify`'s comparison: PostgreSQL against the topics read as tables and every store.
 
 Each side of a comparison hashes its rows where they are (compaction.canonical): PostgreSQL
-in SQL, the Delta warehouse in Spark, and the sides without compute of their own (the topic,
-the cache, the search index) here, as they are read. A side answers three questions about a
-table: its digest (per key segment, the row count and the XOR of the row hashes), the row
-hashes of some segments, and the rows of some keys with their positions. The comparison
-narrows down only where digests differ, as data-diff tools do: segments first, then the row
-hashes of the differing segments, then the rows of the differing keys.
+in SQL, the Delta warehouse in Spark (a small table is read here, by delta-rs), and the
+sides without compute of their own (the topic, the cache, the search index) here, as they
+are read. A side answers three questions about a table: its digest (per key segment, the row
+count and the XOR of the row hashes), the row hashes of some segments, and the rows of some
+keys with their positions. The comparison narrows down only where digests differ, as
+data-diff tools do: segments first, then the row hashes of the differing segments, then the
+rows of the differing keys.
 
 A difference found while writers keep writing may only be a change in flight: the side
 applied a change after PostgreSQL's snapshot, or not yet the one before. So every differing
 key is looked at again in rounds, each at a newer snapshot, once the side is complete up to
-it (`judge`): a key that agrees is dropped; a key whose side row or delete marker is at or
-below the round's snapshot (or whose position no commit can have: forged, from the future),
-or, with no position, whose PostgreSQL row did not change from the snapshot until after the
-side was read (so the side cannot be ahead of it), is a mismatch; any other key changed during
-the check and is reported as such, not as a mismatch.
+it (`judge`): a key that agrees is dropped (and counted: it changed between the snapshot and
+the side's read, which is why the counts may differ); a key whose side row or delete marker
+is at or below the round's snapshot (or whose position no commit can have: forged, from the
+future), or, with no position, whose PostgreSQL row did not change from the snapshot until
+after the side was read (so the side cannot be ahead of it), is a mismatch; any other key
+changed during the check and is reported as such, not as a mismatch.
 """
 
 from __future__ import annotations
@@ -117,6 +119,9 @@ class Outcome:
     rows: int
     mismatches: dict[bytes, str] = field(default_factory=dict)  # key -> missing, extra, different
     changing: list[bytes] = field(default_factory=list)  # keys changed while they were checked
+    settled: int = 0  # keys that differed, changed after the snapshot, and agreed when checked again
+    rechecked_at: str | None = None  # the LSN of the last snapshot a key agreed at
+    reader: str | None = None  # how the side was read, where it has a choice (the warehouse)
     examples: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None  # the side could not be compared (why)
     waited: float = 0.0  # seconds until the side was complete up to the snapshot
@@ -134,7 +139,8 @@ class Outcome:
             "table": self.table, "side": self.side, "ok": self.ok,
             "rows": {"postgres": self.reference_rows, self.side: self.rows},
             "missing": self.count("missing"), "extra": self.count("extra"), "different": self.count("different"),
-            "changing": len(self.changing), "examples": self.examples, "error": self.error,
+            "changing": len(self.changing), "settled": self.settled, "rechecked_lsn": self.rechecked_at,
+            "reader": self.reader, "examples": self.examples, "error": self.error,
             "waited_seconds": round(self.waited, 2), "seconds": round(self.seconds, 2),
         }
 

@@ -80,14 +80,21 @@ def _float32(value: float) -> float:
     return value
 
 
-def _back(value: Any, connect: dict[str, Any], kind: DataType | None) -> Any:
-    """A typed value (dates and timestamps already numbers) as the event has it."""
+def float32_leaf(kind: DataType | None) -> bool:
+    """Whether the column's values (its arrays' innermost elements) are 32-bit floats."""
+    while isinstance(kind, ArrayType):
+        kind = kind.elementType
+    return isinstance(kind, FloatType)
+
+
+def event_value(value: Any, connect: dict[str, Any], float32: bool) -> Any:
+    """A typed value (dates and timestamps already numbers) as the event has it, as Spark or
+    delta-rs (sinks.read_delta_rs) reads it; `float32`: the column holds 32-bit floats."""
     if value is None:
         return None
     ctype, name = connect.get("type"), connect.get("name")
     if ctype == "array" and isinstance(value, list):
-        inner = kind.elementType if isinstance(kind, ArrayType) else None
-        return [_back(x, connect.get("items", {}), inner) for x in value]
+        return [event_value(x, connect.get("items", {}), float32) for x in value]
     if name == "io.debezium.time.ZonedTimestamp" and isinstance(value, int):
         return _INFINITY_US.get(value) or iso_utc(value)
     if name in ("io.debezium.time.Timestamp", "io.debezium.time.Time") and isinstance(value, int):
@@ -96,10 +103,10 @@ def _back(value: Any, connect: dict[str, Any], kind: DataType | None) -> Any:
         return format(value, "f")
     if isinstance(value, bytes | bytearray):
         return base64.b64encode(bytes(value)).decode()
-    if isinstance(value, float) and isinstance(kind, FloatType):
+    if isinstance(value, float) and float32:
         return _float32(value)
-    if isinstance(value, Row):  # a point
-        point = value.asDict()
+    if isinstance(value, Row | dict):  # a point (a Row from Spark, a dict from Arrow)
+        point = value.asDict() if isinstance(value, Row) else dict(value)
         if point.get("wkb") is not None:
             point["wkb"] = base64.b64encode(bytes(point["wkb"])).decode()
         return point
@@ -111,12 +118,13 @@ class _Rows:
 
     def __init__(self, columns: tuple[Column, ...], kinds: list[DataType | None], bits: int,
                  segments: frozenset[int] | None = None) -> None:
-        self.columns, self.kinds, self.bits, self.segments = columns, kinds, bits, segments
+        self.columns, self.bits, self.segments = columns, bits, segments
+        self.float32 = [float32_leaf(kind) for kind in kinds]
 
     def values(self, row: Row) -> list[Any]:
         event = {
-            c.name: _back(row[i + 3], c.connect, kind)
-            for i, (c, kind) in enumerate(zip(self.columns, self.kinds, strict=True))
+            c.name: event_value(row[i + 3], c.connect, float32)
+            for i, (c, float32) in enumerate(zip(self.columns, self.float32, strict=True))
         }
         return row_values(event, self.columns)
 

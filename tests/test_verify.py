@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -97,9 +99,10 @@ class Stack:
         keep_running(self.spark, self.config, stores.build(store, self.spark, self.config), until is None,
                      until or (lambda: False))
 
-    def verify(self, *args: str) -> Any:
-        """`cdc verify` in this process (its Delta side on the module's Spark session)."""
-        return CliRunner().invoke(main, ["verify", "--config", str(self.config_path), *args], catch_exceptions=False)
+    def verify(self, *args: str, env: dict[str, str] | None = None) -> Any:
+        """`cdc verify` in this process (its Delta side on the module's Spark session, if it needs one)."""
+        return CliRunner().invoke(main, ["verify", "--config", str(self.config_path), *args], env=env,
+                                  catch_exceptions=False)
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +190,19 @@ def test_the_warehouse_hashes_in_spark_sql_as_in_python(stack: Stack) -> None:
     in_python = dict(frame.rdd.mapPartitions(_Rows(spec.columns, kinds, spec.bits)).reduceByKey(_merge).collect())
     assert in_spark == in_python and sum(n for n, _ in in_spark.values()) == 3
     assert side._hashed(wide) is None  # floats: the executors' Python
+    # delta-rs reads the table Spark wrote as Spark does, on every column of the wide table
+    from sinks.read_delta_rs import DeltaRsReader, DeltaRsSide
+
+    frame, kinds = side._frame(wide)  # type: ignore[misc]
+    spark_python = dict(frame.rdd.mapPartitions(_Rows(wide.columns, kinds, wide.bits)).reduceByKey(_merge).collect())
+    reader = DeltaRsReader()
+    try:
+        direct = DeltaRsSide(reader, stack.config.delta.path)
+        assert direct.digest(wide) == spark_python
+        keys = [b'{"id":1}', b'{"id":2}', b'{"id":3}']
+        assert direct.fetch(wide, keys) == side.fetch(wide, keys)
+    finally:
+        reader.close()
 
 
 def test_clean_every_side_agrees(stack: Stack) -> None:
@@ -231,6 +247,19 @@ def test_while_writers_keep_writing_every_side_still_agrees(stack: Stack) -> Non
                 job.join(600)
     assert result.exit_code == 0, result.output
     assert _report(result)[-1] == "verify: every side agrees with PostgreSQL"
+    # each side was counted after PostgreSQL's snapshot: a count that differs from PostgreSQL's
+    # says so, naming the snapshot, the keys that changed meanwhile and where they were checked again
+    lines = _report(result)
+    snapshot = lines[0].split(" at LSN ")[1].split()[0]
+    postgres = int(lines[1].removeprefix("public.acct: postgres ").split()[0].replace(",", ""))
+    sides = lines[2:lines.index(next(line for line in lines if line.startswith("public.wide:")))]
+    counted = [line for line in sides if line.startswith("  ") and not line.startswith("    ")]
+    assert [line.split()[0] for line in counted] == ["topic", "cache", "search"], result.output
+    why = f"; counted after the snapshot at LSN {snapshot}: "
+    for line in counted:
+        assert int(line.split()[1].replace(",", "")) == postgres or why in line, result.output
+    assert any(why in line and " changed in between" in line and "equal to PostgreSQL when checked again (up to LSN 0/"
+               in line for line in counted), result.output
 
 
 def _tamper_topic(stack: Stack, key: bytes, note: str) -> None:
@@ -306,6 +335,62 @@ def test_tampered_sides_are_reported_and_exit_1(stack: Stack) -> None:
     assert {n: (s["missing"], s["extra"], s["different"]) for n, s in sides.items()} == {
         "topic": (0, 0, 1), "delta": (1, 1, 1), "search": (1, 1, 1), "cache": (1, 1, 1),
     }
+    # the warehouse's small table was read with delta-rs, in a process that starts no Spark: the same verdicts
+    assert sides["delta"]["reader"] == "delta-rs"
+    checks = stack.config_path.parent / "no-spark.json"
+    alone = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_SPARK, str(checks), "verify", "--config", str(stack.config_path), "--json",
+         "--tables", "public.acct", "--stores", "delta"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert json.loads(checks.read_text()) == {"exit": 1, "spark_context": False, "java": []}, alone.stderr[-2000:]
+    delta = {s["side"]: s for s in json.loads(alone.stdout)["tables"][0]["sides"]}["delta"]
+    assert (delta["reader"], delta["missing"], delta["extra"], delta["different"]) == ("delta-rs", 1, 1, 1)
+    assert sorted(e["key"] for e in delta["examples"]) == sorted([gone, added, changed])
+    # and Spark, told to read it, names the same rows the same way
+    forced = stack.verify("--tables", "public.acct", "--stores", "delta", env={"CDC_DELTA_VERIFY_READER": "spark"})
+    assert forced.exit_code == 1, forced.output
+    spaced = [" ".join(line.split()) for line in _report(forced)]  # (its column of side names is narrower)
+    assert spaced[4] == " ".join(lines[4].split()) and sorted(spaced[5:8]) == sorted(line.strip() for line in lines[5:8])
+    as_spark = json.loads(stack.verify("--tables", "public.acct", "--stores", "delta", "--json",
+                                       env={"CDC_DELTA_VERIFY_READER": "spark"}).output)
+    assert as_spark["tables"][0]["sides"][1]["reader"] == "spark"
+
+
+# `cdc verify` in a process of its own, then whether it started Spark: a SparkContext, or a JVM
+# among its descendants (Spark's driver runs in one)
+_WITHOUT_SPARK = r"""
+import json, os, re, sys
+from pathlib import Path
+from cdc.cli import main
+try:
+    main(sys.argv[2:], standalone_mode=False)
+    code = 0
+except SystemExit as exc:
+    code = exc.code
+def descendants(pid):
+    out = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            parent = re.search(r"^PPid:\s+(\d+)$", status.read_text(), re.M)
+        except OSError:
+            continue
+        if parent and int(parent.group(1)) == pid:
+            child = int(status.parent.name)
+            out += [child, *descendants(child)]
+    return out
+def command(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+pyspark = sys.modules.get("pyspark")
+Path(sys.argv[1]).write_text(json.dumps({
+    "exit": code,
+    "spark_context": pyspark is not None and pyspark.SparkContext._active_spark_context is not None,
+    "java": [command(p) for p in descendants(os.getpid()) if "java" in command(p)],
+}))
+"""
 
 
 def test_the_tombstone_horizon_of_stopped_sinks(stack: Stack) -> None:

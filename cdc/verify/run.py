@@ -13,6 +13,8 @@ tables and every store, once each side has applied everything up to that LSN.
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -76,7 +78,7 @@ class Report:
                     bad += 1
                     continue
                 counts = f"{o.count('missing')} missing, {o.count('extra')} extra, {o.count('different')} different"
-                state = "ok" if o.ok else f"MISMATCH: {counts}"
+                state = ("ok" if o.ok else f"MISMATCH: {counts}") + self._in_flight(o)
                 lines.append(f"  {o.side:<{width}}  {o.rows:,} rows  {state}")
                 bad += len(o.mismatches)
                 for shown in o.examples:
@@ -92,6 +94,19 @@ class Report:
         else:
             lines.append(f"verify: {bad} mismatches ({self.seconds:.1f} s)")
         return "\n".join(lines)
+
+    def _in_flight(self, o: Outcome) -> str:
+        """Why a side's count may differ from PostgreSQL's: the side was counted after the
+        snapshot, and the keys that changed in between were checked again at newer ones."""
+        changed = o.settled + len(o.changing)
+        if not changed:
+            return ""
+        keys = "1 key" if changed == 1 else f"{changed:,} keys"
+        text = f"; counted after the snapshot at LSN {format_lsn(self.lsn)}: {keys} changed in between"
+        if o.settled:
+            each = f"{o.settled:,} " if o.changing else "each " if o.settled > 1 else ""
+            text += f", {each}equal to PostgreSQL when checked again (up to LSN {o.rechecked_at})"
+        return text
 
 
 def _shown(value: Any) -> str:
@@ -187,7 +202,7 @@ def _sides(config: Config, stores: list[str] | None) -> tuple[list[str], list[st
     return chosen, ran
 
 
-def _store_side(name: str, config: Config, spark: Any) -> Side:
+def _store_side(name: str, config: Config, spark: Callable[[], Any]) -> Side:
     if name == "cache":
         from sinks.read_cache import CacheSide
 
@@ -196,9 +211,9 @@ def _store_side(name: str, config: Config, spark: Any) -> Side:
         from sinks.read_search import SearchSide
 
         return SearchSide(config.search)
-    from sinks.read_delta import DeltaSide
+    from sinks.read_delta_rs import WarehouseSide
 
-    return DeltaSide(spark(), config.delta.path)
+    return WarehouseSide(config.delta.path, config.delta.verify_reader, spark)
 
 
 def verify(config: Config, patterns: list[str], stores: list[str] | None, timeout_s: float,
@@ -280,6 +295,8 @@ def _digest(side: Side, table: SourceTable, lsn: int, late: str | None, waiter: 
         return outcome, None
     digest, outcome.seconds = _timed(lambda: side.digest(table.spec))
     outcome.rows = sum(n for n, _ in digest.values())
+    how = getattr(side, "how", None)  # the warehouse reads a table with delta-rs or Spark
+    outcome.reader = None if how is None else how(table.spec)
     return outcome, digest
 
 
@@ -331,7 +348,10 @@ def _rounds(report: Report, source: SourceSide, sides: list[Side], waiter: _Wait
                 if verdict == "changing":
                     continue
                 del keys[key]
-                if verdict != "agree":
+                if verdict == "agree":  # it changed after the snapshot the side was counted at
+                    outcome.settled += 1
+                    outcome.rechecked_at = format_lsn(lsn)
+                else:
                     outcome.mismatches[key] = verdict
                     if len(outcome.examples) < EXAMPLES:
                         found = theirs.get(key)
@@ -345,17 +365,21 @@ def _rounds(report: Report, source: SourceSide, sides: list[Side], waiter: _Wait
 
 
 def _local_spark(config: Config) -> Callable[[], Any]:
-    """A Spark session for the warehouse's side, made on first use (the caller's, if it has one)."""
+    """A Spark session for the warehouse's side, made on first use, in whichever thread needs it
+    (the caller's, if it has one: looked up now, in the caller's thread, where it is active)."""
     made: list[Any] = []
+    lock = threading.Lock()
+    loaded = sys.modules.get("pyspark.sql")  # no pyspark loaded: no session to look up
+    if loaded is not None and (active := loaded.SparkSession.getActiveSession()) is not None:
+        made.append(active)
 
     def session() -> Any:
-        if not made:
-            from pyspark.sql import SparkSession
+        with lock:
+            if not made:
+                from sinks.spark import build_session
 
-            from sinks.spark import build_session
-
-            made.append(SparkSession.getActiveSession() or build_session("cdc-verify", master=config.spark.master))
-        return made[0]
+                made.append(build_session("cdc-verify", master=config.spark.master))
+            return made[0]
 
     return session
 

@@ -1,0 +1,378 @@
+"""The Delta warehouse's read side for `cdc verify` without a Spark session: `current/` read by
+delta-rs (`deltalake`) in a child process and hashed here, for the tables where that is
+cheaper than starting Spark; Spark (sinks.read_delta, hashed where the data is) for the rest.
+
+A Spark session costs 10-40 s before its first row, whatever the table holds; delta-rs reads a
+small table in well under a second. `WarehouseSide` picks per table, once, from the table's
+Delta log (`[delta] verify_reader`): delta-rs for a local table of at most `DIRECT_BYTES` of
+data files whose protocol it reads (no deletion vectors, column mapping or type widening:
+delta-rs refuses the first and reads the others wrong), Spark otherwise. The rows come back
+as Arrow batches, dates and timestamps as numbers (exact over any range, as Spark's side
+takes them), and go through the same conversion to the event's form as on Spark's executors
+(sinks.read_delta.event_value), so both readers give the same hashes.
+
+delta-rs runs in a child process that ends with os._exit: a process that read a table with it
+can abort at exit. The child is Spark-free and lives as long as the side (a warm table reads
+only the log's new commits).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Generator, Iterator
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc
+
+from compaction.canonical import row_values
+from compaction.verify import Digest, Found, Side, TableSpec, digest_of, hashes_of
+from sinks.delta import table_path
+from sinks.read_delta import event_value
+
+log = logging.getLogger(__name__)
+
+DIRECT_BYTES = 64 * 2**20  # `auto`: delta-rs up to this many bytes of a table's data files, Spark beyond
+READABLE_FEATURES = frozenset({"timestampNtz"})  # reader features delta-rs reads right (the sinks write this one)
+_POSITION = ("_cdc_key", "_cdc_lsn", "_cdc_seq")
+_YEAR_1, _YEAR_9999 = -62135596800000000, 253402300799999999  # µs from the epoch, first and last
+
+# One request a line (JSON); each answer is frames (kind, length, bytes) ending with a "." frame:
+# "j" a JSON object, "a" an Arrow IPC stream of one batch, "!" an error.
+_CHILD = r"""
+import json, os, struct, sys
+out = sys.stdout.buffer
+def frame(kind, data=b""):
+    out.write(struct.pack("!cQ", kind, len(data)) + data)
+try:
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+    broken = None
+except ImportError as exc:
+    broken = f"delta-rs cannot be loaded ({exc}): pip install 'deltalake[pyarrow]'"
+tables = {}
+try:
+    for line in sys.stdin:
+        ask = json.loads(line)
+        try:
+            if broken:
+                raise RuntimeError(broken)
+            path = ask["path"]
+            table = tables.get(path)
+            if table is not None:
+                table.update_incremental()
+            elif DeltaTable.is_deltatable(path):
+                table = tables[path] = DeltaTable(path)
+            if ask["op"] == "describe":
+                facts = {"table": table is not None}
+                if table is not None:
+                    protocol = table.protocol()
+                    files = pa.table(table.get_add_actions(flatten=True))
+                    rows = files.column("num_records").to_pylist() if "num_records" in files.column_names else [None]
+                    facts.update(
+                        reader_version=protocol.min_reader_version,
+                        reader_features=list(protocol.reader_features or []),
+                        column_mapping=table.metadata().configuration.get("delta.columnMapping.mode", "none"),
+                        bytes=sum(files.column("size_bytes").to_pylist()),
+                        rows=None if None in rows else sum(rows),
+                    )
+                frame(b"j", json.dumps(facts).encode())
+            elif table is not None:
+                options = ds.ParquetReadOptions(coerce_int96_timestamp_unit="us")  # Spark writes INT96
+                dataset = table.to_pyarrow_dataset(parquet_read_options=options)
+                names = [c for c in ask["columns"] if c in dataset.schema.names]
+                keys = ask.get("keys")
+                where = None if keys is None else ds.field("_cdc_key").isin(keys)
+                for batch in dataset.to_batches(columns=names, filter=where):
+                    sink = pa.BufferOutputStream()
+                    with pa.ipc.new_stream(sink, batch.schema) as writer:
+                        writer.write_batch(batch)
+                    frame(b"a", sink.getvalue().to_pybytes())
+        except Exception as exc:
+            frame(b"!", f"{type(exc).__name__}: {exc}".encode())
+        frame(b".")
+        out.flush()
+finally:
+    os._exit(0)
+"""
+
+
+class ReaderError(RuntimeError):
+    """delta-rs could not read a table (the side falls back to Spark for it)."""
+
+
+class DeltaRsReader:
+    """delta-rs in a child process, one request at a time."""
+
+    def __init__(self) -> None:
+        self._errors: IO[bytes] = tempfile.TemporaryFile()
+        self.child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._errors)
+        self._lock = threading.Lock()
+
+    def _frames(self, request: dict[str, Any]) -> Generator[tuple[bytes, bytes], None, None]:
+        """The answer's frames; read to its end even when the caller stops early (the next
+        answer starts after it). Hold the lock while iterating."""
+        assert self.child.stdin is not None and self.child.stdout is not None
+        try:
+            self.child.stdin.write(json.dumps(request).encode() + b"\n")
+            self.child.stdin.flush()
+        except OSError as exc:  # it ended (its reason is read below)
+            log.debug("the delta-rs reader took no request: %s", exc)
+        done = False
+        try:
+            while not done:
+                head = self.child.stdout.read(9)
+                if len(head) < 9:
+                    done = True
+                    self._errors.seek(0)
+                    tail = self._errors.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                    raise ReaderError(f"the delta-rs reader ended: {tail[0]}")
+                kind, size = struct.unpack("!cQ", head)
+                data = self.child.stdout.read(size)
+                done = kind == b"."
+                if not done:
+                    yield kind, data
+        finally:
+            while not done:  # the caller stopped early
+                kind, size = struct.unpack("!cQ", self.child.stdout.read(9))
+                self.child.stdout.read(size)
+                done = kind == b"."
+
+    def describe(self, path: str) -> dict[str, Any]:
+        """What the table's log says: whether it exists, its protocol, its data files' bytes and rows."""
+        with self._lock:
+            frames = list(self._frames({"op": "describe", "path": path}))
+        for kind, data in frames:
+            if kind == b"!":
+                raise ReaderError(data.decode(errors="replace"))
+        return dict(json.loads(frames[-1][1])) if frames else {}
+
+    def batches(self, path: str, columns: list[str], keys: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+        """The table's rows (of these columns, those it has; of these keys) as they arrive, dates
+        and timestamps as numbers (none when there is no table)."""
+        with self._lock:
+            frames = self._frames({"op": "read", "path": path, "columns": columns, "keys": keys})
+            try:
+                for kind, data in frames:
+                    if kind == b"!":
+                        raise ReaderError(data.decode(errors="replace"))
+                    yield _numbers(pa.ipc.open_stream(data).read_next_batch())
+            finally:
+                frames.close()
+
+    def close(self) -> None:
+        if self.child.stdin is not None:
+            self.child.stdin.close()
+        try:
+            self.child.wait(10)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.wait()
+        if self.child.stdout is not None:
+            self.child.stdout.close()
+        self._errors.close()
+
+
+def _as_number(kind: pa.DataType) -> pa.DataType:
+    """Dates as epoch days, timestamps as epoch µs (the wall time for those without a zone), in
+    lists too: what Spark's side computes (sinks.read_delta._micros)."""
+    if pa.types.is_list(kind):
+        return pa.list_(_as_number(kind.value_type))
+    if pa.types.is_date32(kind):
+        return pa.int32()
+    if pa.types.is_timestamp(kind):
+        return pa.int64()
+    return kind
+
+
+def _zoned(kind: pa.DataType) -> bool:
+    while pa.types.is_list(kind):
+        kind = kind.value_type
+    return pa.types.is_timestamp(kind) and kind.tz is not None
+
+
+def _numbers(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Dates and timestamps as numbers. Spark writes zoned timestamps as INT96, and the
+    ±infinity of timestamptz (beyond its calendar) in a wrapped form only Spark reads back: a
+    zoned timestamp outside years 1 to 9999 is left to Spark (ReaderError)."""
+    columns = []
+    for column, field in zip(batch.columns, batch.schema, strict=True):
+        if pa.types.is_timestamp(field.type) and field.type.unit != "us":
+            column = column.cast(pa.timestamp("us", field.type.tz))
+        column = column.cast(_as_number(field.type))
+        if _zoned(field.type):
+            flat = column
+            while pa.types.is_list(flat.type):
+                flat = flat.flatten()
+            low, high = pc.min_max(flat).values()
+            if (low.as_py() or 0) < _YEAR_1 or (high.as_py() or 0) > _YEAR_9999:
+                raise ReaderError(f"column {field.name} holds a timestamp beyond years 1 to 9999, which Spark reads")
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
+def _float32_leaf(kind: pa.DataType | None) -> bool:
+    while kind is not None and pa.types.is_list(kind):
+        kind = kind.value_type
+    return kind is not None and pa.types.is_float32(kind)
+
+
+Position = tuple[int, int] | None
+_CONVERTED_NAMES = ("io.debezium.time.ZonedTimestamp", "io.debezium.time.Timestamp", "io.debezium.time.Time")
+
+
+def _as_is(kind: pa.DataType, connect: dict[str, Any]) -> bool:
+    """Whether a column's Python values are already the event's (event_value would keep them)."""
+    if connect.get("name") in _CONVERTED_NAMES:
+        return False
+    return bool(pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_string(kind)
+                or pa.types.is_large_string(kind) or pa.types.is_float64(kind))
+
+
+class DeltaRsSide:
+    """`current/` of each table read by delta-rs and hashed here (compaction.verify.Side); an
+    error midway (ReaderError) leaves nothing: the caller asks again, of Spark."""
+
+    name = "delta"
+
+    def __init__(self, reader: DeltaRsReader, root: str) -> None:
+        self.reader, self.root = reader, root
+
+    def _rows(self, table: TableSpec, keys: list[bytes] | None = None) -> Iterator[tuple[bytes, tuple[list[Any], Position]]]:
+        """(key, (canonical values, position)) of the table's rows (of these keys), converted a
+        column at a time (most columns are taken as they are)."""
+        path = table_path(self.root, "current", table.topic)
+        wanted = [*_POSITION, *(c.name for c in table.columns)]
+        names = [c.name for c in table.columns]
+        for batch in self.reader.batches(path, wanted, None if keys is None else [k.decode() for k in keys]):
+            held = set(batch.schema.names)
+            columns: list[list[Any]] = []
+            for c in table.columns:
+                if c.name not in held:
+                    columns.append([None] * batch.num_rows)  # a column the table lacks: null
+                    continue
+                kind = batch.schema.field(c.name).type
+                raw = batch.column(c.name).to_pylist()
+                if not _as_is(kind, c.connect):
+                    float32 = _float32_leaf(kind)
+                    raw = [event_value(v, c.connect, float32) for v in raw]
+                columns.append(raw)
+            position = [batch.column(p).to_pylist() for p in _POSITION]
+            for key, lsn, seq, *values in zip(*position, *columns, strict=True):
+                row = row_values(dict(zip(names, values, strict=True)), table.columns)
+                yield key.encode(), (row, None if lsn is None else (int(lsn), int(seq or 0)))
+
+    def digest(self, table: TableSpec) -> Digest:
+        return digest_of(self._rows(table), lambda row: row[0], table.bits)
+
+    def hashes(self, table: TableSpec, segments: set[int]) -> dict[bytes, int]:
+        return hashes_of(self._rows(table), lambda row: row[0], table.bits, segments)
+
+    def fetch(self, table: TableSpec, keys: list[bytes]) -> dict[bytes, Found]:
+        return {key: Found(values, position) for key, (values, position) in self._rows(table, keys)}
+
+
+def choose(reader: str, root: str, facts: dict[str, Any]) -> str | None:
+    """Why Spark reads this table (None: delta-rs does), from `[delta] verify_reader` and the
+    table's log (`DeltaRsReader.describe`)."""
+    if reader == "spark":
+        return "[delta] verify_reader = spark"
+    if "://" in root and not root.startswith("file:"):
+        return "a remote warehouse (its credentials are Spark's)"
+    if not facts.get("table"):
+        return None  # no table yet: nothing to read
+    unread = set(facts.get("reader_features") or ()) - READABLE_FEATURES
+    if facts.get("reader_version") == 2 or facts.get("column_mapping", "none") != "none":
+        unread.add("columnMapping")
+    if unread:
+        return f"table features delta-rs cannot read: {', '.join(sorted(unread))}"
+    if reader == "auto" and int(facts.get("bytes") or 0) > DIRECT_BYTES:
+        return f"{facts['bytes']:,} bytes of data files, more than {DIRECT_BYTES:,} (Spark hashes where the data is)"
+    return None
+
+
+class WarehouseSide:
+    """The warehouse's side (compaction.verify.Side): per table, delta-rs here or Spark where
+    the data is, chosen at the table's first read and kept for its later ones. `spark` gives
+    the Spark session, made only when a table needs it."""
+
+    name = "delta"
+
+    def __init__(self, root: str, reader: str, spark: Callable[[], Any]) -> None:
+        self.root, self.reader, self._spark = root, reader, spark
+        self._rs: DeltaRsReader | None = None
+        self._in_spark: Side | None = None
+        self._chosen: dict[str, str] = {}  # topic -> "delta-rs" or "spark"
+        self._lock = threading.Lock()
+
+    def how(self, table: TableSpec) -> str | None:
+        return self._chosen.get(table.topic)
+
+    def _direct(self) -> DeltaRsReader:
+        with self._lock:
+            if self._rs is None:
+                self._rs = DeltaRsReader()
+            return self._rs
+
+    def _spark_side(self, table: TableSpec, why: str | None) -> Side:
+        """Spark's side, for this table from now on (`why`: the reason, logged once per table)."""
+        if why is not None:
+            log.info("verify: the warehouse's %s is hashed in Spark: %s", table.display, why)
+        with self._lock:
+            self._chosen[table.topic] = "spark"
+            if self._in_spark is None:
+                from sinks.read_delta import DeltaSide
+
+                self._in_spark = DeltaSide(self._spark(), self.root)
+            return self._in_spark
+
+    def _side(self, table: TableSpec) -> Side:
+        chosen = self._chosen.get(table.topic)
+        if chosen == "spark":
+            return self._spark_side(table, None)
+        if chosen is None:
+            why = choose(self.reader, self.root, {})  # what the setting and the warehouse's place decide alone
+            if why is None:
+                try:
+                    why = choose(self.reader, self.root, self._direct().describe(table_path(self.root, "current", table.topic)))
+                except ReaderError as exc:
+                    why = str(exc)
+            if why is not None:
+                return self._spark_side(table, why)
+            self._chosen[table.topic] = "delta-rs"
+        return DeltaRsSide(self._direct(), self.root)
+
+    def _ask(self, table: TableSpec, question: Callable[[Side], Any]) -> Any:
+        side = self._side(table)
+        if isinstance(side, DeltaRsSide):
+            try:
+                return question(side)
+            except ReaderError as exc:  # a table delta-rs turned out not to read: Spark reads it from now on
+                return question(self._spark_side(table, str(exc)))
+        return question(side)
+
+    def digest(self, table: TableSpec) -> Digest:
+        result: Digest = self._ask(table, lambda side: side.digest(table))
+        return result
+
+    def hashes(self, table: TableSpec, segments: set[int]) -> dict[bytes, int]:
+        result: dict[bytes, int] = self._ask(table, lambda side: side.hashes(table, segments))
+        return result
+
+    def fetch(self, table: TableSpec, keys: list[bytes]) -> dict[bytes, Found]:
+        result: dict[bytes, Found] = self._ask(table, lambda side: side.fetch(table, keys))
+        return result
+
+    def close(self) -> None:
+        """The Spark session is the caller's."""
+        if self._rs is not None:
+            self._rs.close()
