@@ -82,7 +82,9 @@ def _query(
     finally:
         if query.isActive:
             query.stop()
-    return stopped and handover is not None and handover.requested()
+    # stopped without a stop requested: a rebuild's pause, even if its request is gone by now
+    # (the caller looks again; ending here would end the job)
+    return stopped and handover is not None and not stop_requested()
 
 
 def ensure_topics(config: Config) -> None:

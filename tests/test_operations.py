@@ -15,6 +15,7 @@ from tests.support import (
     topic_records,
     topic_table,
     wait_caught_up,
+    wait_for,
     write_config,
 )
 
@@ -31,7 +32,8 @@ def test_slot_lifecycle_wal_kept_while_down_then_drop_and_resnapshot(tmp_path, d
     config = write_config(tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.t"])
     slot = slot_of(topic_prefix)
     daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
-    try:
+    try:  # the snapshot's own connection holds the slot too: stopped before it ends, no snapshot is complete
+        wait_for(lambda: "streaming from" in daemon.output() or not daemon.alive(), 60, "the snapshot to end")
         wait_caught_up(db.dsn, slot, daemon)
         refused = cdc("slot", "drop", "--config", str(config), env={"CDC_SOURCE_SLOT_WAIT_S": "0"})
         assert refused.returncode == 1 and refused.stderr.startswith(f"error: slot {slot} is in use by PID ")
