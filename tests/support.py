@@ -134,13 +134,26 @@ def slot_active(dsn: str, slot: str) -> bool:
     return bool(row and row[0])
 
 
+def slot_streaming(dsn: str, slot: str) -> bool:
+    """The slot is held by a walsender past START_REPLICATION. A slot only `active` may be held
+    by the initial snapshot's connection: a daemon stopped then has no complete snapshot."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT r.state FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid"
+            " WHERE s.slot_name = %s",
+            (slot,),
+        ).fetchone()
+    return bool(row and row[0] in ("catchup", "streaming"))
+
+
 def start_streaming(
     config: Path, log: Path, dsn: str, slot: str, env: dict[str, str] | None = None
 ) -> DaemonProcess:
-    """`cdc run` as a process, returned once its walsender holds the slot."""
+    """`cdc run` as a process, returned once its walsender streams from the slot (its initial
+    snapshot, if any, is complete)."""
     daemon = DaemonProcess(config, log, env).start()
     try:
-        wait_for(lambda: not daemon.alive() or slot_active(dsn, slot), 60, "the daemon to stream")
+        wait_for(lambda: not daemon.alive() or slot_streaming(dsn, slot), 60, "the daemon to stream")
     except AssertionError:
         daemon.stop()
         raise AssertionError(f"the daemon did not start streaming:\n{daemon.output()[-3000:]}") from None
