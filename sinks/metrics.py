@@ -3,14 +3,18 @@
 The job calls `batch()` once per committed micro-batch and `retry()` from its retry loop,
 and has its progress followed (`follow`): the LSN its store is complete up to is read from
 it when Prometheus scrapes, also when no batch came in this run (a job started again with
-nothing new to read), and so is the lag behind the slot, against the daemon's newest
-heartbeats (followed here, not as the job reads them: a job far behind would read old ones).
+nothing new to read). The lag behind the slot is measured against the daemon's newest
+heartbeats (followed here, not as the job reads them: a job far behind would read old ones)
+every POLL_S on a thread of its own: a scrape answers from the last measure, never waiting on
+the broker.
 Its own registry, like the daemon's (cdc.metrics), so several jobs in one process do not collide.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +27,9 @@ from cdc.kafka.follow import Heartbeats
 from cdc.naming import table_of_topic
 
 BATCH_SECONDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+POLL_S = 1.0  # between two measures of the lag (the daemon sends a heartbeat a second at most)
+
+log = logging.getLogger(__name__)
 
 
 class SinkMetrics:
@@ -46,8 +53,8 @@ class SinkMetrics:
             self.retries.labels(store, reason)
         self.dead_letters.labels(store)
         self.complete_lsn: Callable[[], int] | None = None  # the job's progress, once it follows one
-        self.heartbeats: Heartbeats | None = None
-        self._lock = threading.Lock()
+        self._lag: tuple[int, float] | None = None  # bytes behind, and since when (epoch s), as last measured
+        self._closing = threading.Event()
         r.register(_Progress(self))
 
     def serve(self) -> None:
@@ -62,7 +69,36 @@ class SinkMetrics:
                 f"cannot serve metrics on {spark.metrics_host}:{spark.metrics_port} ({exc.strerror or exc}): "
                 "set [spark] metrics_port to a free port (0 turns metrics off) or fix metrics_host"
             ) from None
-        self.heartbeats = Heartbeats(self.config.topic)
+        self.measure(Heartbeats(self.config.topic))
+
+    def measure(self, heartbeats: Heartbeats) -> None:
+        """Measure the lag against `heartbeats` every POLL_S on a thread that alone uses them (a
+        poll waits on the broker, without a bound while it is away; their client is not for
+        two threads) and closes them once the metrics are closed."""
+        threading.Thread(target=self._measuring, args=(heartbeats,), name=f"cdc-sink-lag-{self.store}",
+                         daemon=True).start()
+
+    def _measuring(self, heartbeats: Heartbeats) -> None:
+        failed = False
+        try:
+            while not self._closing.is_set():
+                try:
+                    heartbeats.poll()
+                    failed = False
+                except Exception as exc:  # the broker away: measured again from the heartbeats held
+                    if not failed:
+                        log.warning("sink %s: no new heartbeats for its lag for now: %s", self.store,
+                                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                                    extra={"store": self.store})
+                    failed = True
+                complete = None if self.complete_lsn is None else self.complete_lsn()
+                if complete is not None:
+                    now = time.time()
+                    behind, seconds, _ = heartbeats.lag(complete, now)
+                    self._lag = None if behind is None or seconds is None else (behind, now - seconds)
+                self._closing.wait(POLL_S)
+        finally:
+            heartbeats.close()
 
     def follow(self, complete_lsn: Callable[[], int]) -> None:
         """Read the LSN the store is complete up to from the job (sinks.pipeline.SinkJob)."""
@@ -81,25 +117,26 @@ class SinkMetrics:
     def retry(self, reason: str) -> None:
         self.retries.labels(self.store, reason).inc()
 
-    def lag(self, complete: int) -> tuple[int | None, float | None]:
-        """For a store complete up to `complete`: bytes behind the slot's newest heartbeat,
-        seconds since the topics first held a change the store lacks."""
-        if self.heartbeats is None:
+    def lag(self) -> tuple[int | None, float | None]:
+        """As last measured: bytes behind the slot's newest heartbeat, seconds since the topics
+        first held a change the store lacks (still counting while a poll waits on the broker)."""
+        lag = self._lag
+        if lag is None:
             return None, None
-        with self._lock:  # scrapes may come in parallel
-            self.heartbeats.poll()
-            behind, seconds, _ = self.heartbeats.lag(complete)
-        return behind, seconds
+        behind, since = lag
+        return behind, max(0.0, time.time() - since) if behind else 0.0
 
     def close(self) -> None:
-        if self.heartbeats is not None:
-            self.heartbeats.close()
+        """The measuring thread closes the heartbeats after its poll: one waiting on the broker
+        does not hold up the job's exit."""
+        self._closing.set()
 
 
 class _Progress(Collector):
-    """The complete-up-to LSN and the lag gauges, from the job's progress at each scrape (none
-    before the job is followed; no lag without the heartbeats). A job that knows no LSN yet
-    lags since the oldest heartbeat held: an alert on the lag fires for one stuck there."""
+    """The complete-up-to LSN, from the job's progress at each scrape, and the lag gauges, as
+    last measured (none before the job is followed; no lag without the heartbeats). A job that
+    knows no LSN yet lags since the oldest heartbeat held: an alert on the lag fires for one
+    stuck there."""
 
     def __init__(self, metrics: SinkMetrics) -> None:
         self.metrics = metrics
@@ -112,7 +149,7 @@ class _Progress(Collector):
         if complete is not None:
             gauge.add_metric([store], complete)
         yield gauge
-        behind, seconds = self.metrics.lag(complete) if complete is not None else (None, None)
+        behind, seconds = self.metrics.lag()
         lag_bytes = GaugeMetricFamily("cdc_sink_lag_bytes", "The slot's newest heartbeat LSN minus the LSN the "
                                       "store is complete up to", labels=["store"])
         lag_seconds = GaugeMetricFamily("cdc_sink_lag_seconds", "Since when the topics hold a change the store "

@@ -183,6 +183,10 @@ class SinkJob:
         self._admin: TopicAdmin | None = None
         self.failure: BaseException | None = None
         self._lock = threading.Lock()  # tables are applied in parallel threads; `look` runs beside batches
+        # progress records are built under `_lock` and numbered, then sent one at a time without it (`_publish`)
+        self._sending = threading.Lock()
+        self._built = 0  # the number of the newest progress record built
+        self._sent = 0  # and of the newest one sent
         # the LSNs the feed vouched for, each with where the feed ended then (`_complete`), LSNs rising
         self._marks: list[tuple[int, Any]] = []
         self._vouches: Vouches | None = None
@@ -213,7 +217,8 @@ class SinkJob:
         with self._lock:
             self.progress = Progress(dead_letters=self.progress.dead_letters, records=self.progress.records)
             self._marks = []
-            self.progress_log.send(self.progress.as_record(self.store.name, -1))
+            record = self._built_record(-1)
+        self._publish(record)
 
     # -- one batch -------------------------------------------------------------------
     def __call__(self, records: DataFrame, batch_id: int) -> None:
@@ -487,7 +492,25 @@ class SinkJob:
         self._complete(batch_id, beat, ask=not self.feed.in_batches)
         with self._lock:
             self.last_batch, self.batch_ended = batch_id, time.monotonic()
-            self.progress_log.send(progress.as_record(self.store.name, batch_id))
+            record = self._built_record(batch_id)
+        self._publish(record)
+
+    def _built_record(self, batch_id: int) -> tuple[int, dict[str, Any]]:
+        """The progress record as things stand, numbered (`_lock` held: it reads them whole)."""
+        self._built += 1
+        return self._built, self.progress.as_record(self.store.name, batch_id)
+
+    def _publish(self, record: tuple[int, dict[str, Any]]) -> None:
+        """Send a `_built_record`, without `_lock`: the send waits out the broker's timeouts (90 s
+        when it is away), and the query loop, which notices a stop, takes `_lock` to look. One at
+        a time, and never after a newer one (the compacted topic keeps the last record per job):
+        a newer one sent already stands for it."""
+        number, progress = record
+        with self._sending:
+            if number < self._sent:
+                return
+            self.progress_log.send(progress)
+            self._sent = number
 
     def _complete(self, batch: int | None, beat: int | None = None, ask: bool = False) -> bool:
         """Mark `beat` (`ask`: the newest LSN the feed vouches for now) with where the feed ends
@@ -542,7 +565,8 @@ class SinkJob:
         self._looked = time.monotonic()
         if self._complete(None, ask=True):
             with self._lock:
-                self.progress_log.send(self.progress.as_record(self.store.name, self.state.batch))
+                record = self._built_record(self.state.batch)
+            self._publish(record)
 
     def ends_admin(self) -> TopicAdmin:
         """The admin client the marks take the topics' end offsets with (`_marking` held)."""

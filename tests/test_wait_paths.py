@@ -1,10 +1,13 @@
 """The sink jobs' waits on a server inside a wait, or a recovery, on the same server: a rebuild's
-progress write, a retry inside a retry, a scroll's clean-up after it failed. Stand-ins for the
-job, the store and the HTTP pool under the OpenSearch client: a real server cannot fail at
-exactly these moments on demand."""
+progress write, a retry inside a retry, a scroll's clean-up after it failed, a progress write
+the query loop's look waited for, a scrape's poll of the heartbeats. Stand-ins for the job,
+the store, the HTTP pool under the OpenSearch client, the progress topic and the heartbeats:
+a real server cannot fail at exactly these moments on demand."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,11 +16,14 @@ import orjson
 import pytest
 from kafka.errors import KafkaTimeoutError
 
+import sinks.metrics as sink_metrics
 import sinks.opensearch as opensearch
+import sinks.pipeline as pipeline
 import sinks.runner as runner
 from cdc.config import Config
+from sinks.metrics import SinkMetrics
 from sinks.opensearch import Action, Bulk, Endpoint, SearchUnavailable, scroll
-from sinks.pipeline import Progress
+from sinks.pipeline import Progress, SinkJob, drained
 from sinks.store import SinkStopped, StoreLost, StoreUnavailable
 
 
@@ -175,3 +181,225 @@ def test_a_scroll_opensearch_lost_fails_the_batch_for_a_retry_not_the_job(monkey
         for _ in scroll(client, "/t/_search", {"query": {"match_all": {}}}):
             pass
     assert runner.transient(lost.value, _Store([]))  # type: ignore[arg-type]
+
+
+BROKER_S = 5.0  # how long the broker's stand-ins hold a write or a poll before they time out, like a real one
+
+
+class _Broker:
+    """The progress topic's stand-in (sinks.progress.ProgressLog): with `held` set, a send waits
+    on the broker (`waiting`) until `free` is set, or times out after BROKER_S."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.held = False
+        self.waiting = threading.Event()
+        self.free = threading.Event()
+
+    def last(self) -> dict[str, Any] | None:
+        return None
+
+    def send(self, progress: dict[str, Any]) -> None:
+        if self.held:
+            self.waiting.set()
+            try:
+                if not self.free.wait(BROKER_S):
+                    raise KafkaTimeoutError("Failed to flush buffered records within 30.0 secs")
+            finally:
+                self.waiting.clear()
+        self.sent.append(progress)
+
+
+class _Vouches:
+    newest = 0x100  # the daemon's newest heartbeat
+
+    def poll(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Feed:
+    """The feed's stand-in: it vouches for LSN 0x100 with one table partition ending at 10; the
+    job read to that end once `read_to` says so."""
+
+    in_batches = True
+    ends_at = {"p.public.t": {0: 10}}
+
+    def __init__(self) -> None:
+        self.read_to: dict[str, dict[int, int]] | None = None
+
+    def vouches(self, _config: Config) -> _Vouches:
+        return _Vouches()
+
+    def ends(self, _job: SinkJob) -> dict[str, dict[int, int]]:
+        return self.ends_at
+
+    def read(self, _spark: object, _checkpoint: str, _batch: int | None) -> dict[str, dict[int, int]] | None:
+        return self.read_to
+
+    def within(self, ends: dict[str, dict[int, int]], read: dict[str, dict[int, int]]) -> bool:
+        return drained(read, ends)
+
+
+class _JobStore:
+    name, handover = "cache", None
+
+    def __init__(self, feed: _Feed) -> None:
+        self.feed = feed
+
+
+def _job(monkeypatch: pytest.MonkeyPatch) -> tuple[SinkJob, _Broker, _Feed]:
+    """A sink job on the stand-ins of its feed, its store and the progress topic (no Spark)."""
+    broker, feed = _Broker(), _Feed()
+    monkeypatch.setattr(pipeline.topics, "SchemaFeed", lambda _config: None)
+    monkeypatch.setattr(pipeline.topics, "ProgressLog", lambda _config, _name: broker)
+    return SinkJob(None, Config(), _JobStore(feed)), broker, feed  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("write", ["forget", "batch"])
+def test_a_progress_write_the_broker_holds_does_not_hold_up_the_query_loops_look(monkeypatch, write):
+    """A progress record (a batch's, or the rebuild's "complete up to nothing") waits out the
+    broker's timeouts, 90 s when it is away. The query loop, which is what notices SIGTERM,
+    meanwhile looks how complete the store is under the job's lock: it gets on with it."""
+    job, broker, _ = _job(monkeypatch)
+    broker.held = True
+    writes = {"forget": job.forget, "batch": lambda: job._record(7, {"p.public.t": 0x90}, None, 3)}
+    writer = threading.Thread(target=writes[write])
+    writer.start()
+    try:
+        assert broker.waiting.wait(BROKER_S)
+        job.look()
+        assert broker.waiting.is_set(), "the look waited for the progress write to time out"
+        assert job.progress.heartbeat_lsn == 0x100
+    finally:
+        broker.free.set()
+        writer.join()
+    assert [(r["batch"], r["tables"]) for r in broker.sent] == [
+        {"forget": (-1, {}), "batch": (7, {"p.public.t": str(0x90)})}[write]
+    ]
+
+
+class _Turn:
+    """The job's lock, giving `then` its turn once, right after the release that follows the
+    building of a progress record (`built`): between a record's building and its send."""
+
+    def __init__(self, lock: Any, then: Callable[[], None]) -> None:
+        self.lock, self.then, self.built = lock, then, False
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.lock.release()
+        if self.built and self.then is not None:
+            then, self.then = self.then, None
+            then()
+
+
+def test_a_progress_record_never_goes_out_after_a_newer_one(monkeypatch):
+    """A batch's record is built; before it goes out, a look finds the store complete further
+    and sends its own. The batch's, older, must not follow it: the compacted topic keeps the
+    last record per job, and `cdc status` would read the older LSN back."""
+    job, broker, feed = _job(monkeypatch)
+    job.checkpoint, feed.read_to = "checkpoint", feed.ends_at  # the job read to where the feed ended at 0x100
+    turn = _Turn(job._lock, job.look)
+    job._lock = turn  # type: ignore[assignment]
+    progress, as_record = job.progress, job.progress.as_record
+
+    def building(*args: Any) -> dict[str, Any]:
+        turn.built = True
+        return as_record(*args)
+
+    progress.as_record = building  # type: ignore[method-assign]
+    job._record(7, {"p.public.t": 0x90}, None, 3)
+    assert turn.then is None  # the look had its turn
+    lsns = [int(r["complete_lsn"]) for r in broker.sent]
+    assert lsns == sorted(lsns) and lsns[-1] == 0x100, broker.sent
+    assert broker.sent[-1]["tables"] == {"p.public.t": str(0x90)}
+
+
+class _Heartbeats:
+    """The daemon's heartbeats' stand-in (cdc.kafka.follow.Heartbeats): the first poll reads one
+    at LSN 0x100 from a minute ago; the next ones wait on the broker (`polling`) until `free` is
+    set, or time out after BROKER_S. A close during a poll is noted: their client is not for two
+    threads."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.polling = threading.Event()
+        self.free = threading.Event()
+        self.closed = threading.Event()
+        self.closed_while_polling = False
+        self.beat = (0x100, time.time() - 60)
+
+    def poll(self) -> None:
+        self.polls += 1
+        if self.polls == 1:
+            return
+        self.polling.set()
+        try:
+            if not self.free.wait(BROKER_S):
+                raise KafkaTimeoutError("Timeout after waiting for 30.0 secs")
+        finally:
+            self.polling.clear()
+
+    def lag(self, complete: int, now: float | None = None) -> tuple[int | None, float | None, bool]:
+        if not self.polls:
+            return None, None, False
+        lsn, ts = self.beat
+        now = time.time() if now is None else now
+        return (lsn - complete, now - ts, False) if lsn > complete else (0, 0.0, False)
+
+    def close(self) -> None:
+        self.closed_while_polling = self.polling.is_set()
+        self.closed.set()
+
+
+def _scrape(metrics: SinkMetrics) -> dict[str, float]:
+    """One scrape of the sink job's endpoint: the store's samples by name."""
+    return {s.name: s.value for family in metrics.registry.collect() for s in family.samples
+            if s.labels == {"store": "cache"}}
+
+
+def _scraped_while_a_poll_waits(monkeypatch: pytest.MonkeyPatch) -> tuple[SinkMetrics, _Heartbeats, threading.Thread]:
+    """A store complete up to 0xC0, its metrics measured against the heartbeats' stand-in, one
+    scrape, then another in a thread of its own; until a poll of the heartbeats waits on the broker."""
+    monkeypatch.setattr(sink_metrics, "POLL_S", 0.01)
+    heartbeats, metrics = _Heartbeats(), SinkMetrics("cache", Config())
+    metrics.follow(lambda: 0xC0)
+    metrics.measure(heartbeats)  # type: ignore[arg-type]
+    _scrape(metrics)
+    other = threading.Thread(target=_scrape, args=(metrics,))
+    other.start()
+    assert heartbeats.polling.wait(BROKER_S)
+    return metrics, heartbeats, other
+
+
+def test_a_scrape_answers_from_the_last_poll_while_the_next_waits_on_the_broker(monkeypatch):
+    """Prometheus scrapes, and a person with curl too: neither waits on the broker (a poll of the
+    heartbeats waits out its timeouts when it is away), nor behind one another."""
+    metrics, heartbeats, other = _scraped_while_a_poll_waits(monkeypatch)
+    try:
+        scraped = _scrape(metrics)
+        assert heartbeats.polling.is_set(), "the scrape waited for the poll to time out"
+        assert scraped["cdc_sink_complete_lsn"] == 0xC0 and scraped["cdc_sink_lag_bytes"] == 0x40
+        assert scraped["cdc_sink_lag_seconds"] >= 60
+    finally:
+        heartbeats.free.set()
+        other.join()
+
+
+def test_closing_the_metrics_while_the_heartbeats_are_polled_leaves_them_to_the_poll(monkeypatch):
+    """The job ends while a poll of the heartbeats waits on the broker: their client is closed
+    once the poll is done with it, not under it; a scrape after that polls nothing."""
+    metrics, heartbeats, other = _scraped_while_a_poll_waits(monkeypatch)
+    try:
+        metrics.close()
+    finally:
+        heartbeats.free.set()
+        other.join()
+    assert heartbeats.closed.wait(BROKER_S)
+    assert not heartbeats.closed_while_polling
+    polls = heartbeats.polls
+    assert _scrape(metrics)["cdc_sink_lag_bytes"] == 0x40
+    assert heartbeats.polls == polls
