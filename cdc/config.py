@@ -394,6 +394,11 @@ class SparkConfig:
         "text", "the sink jobs' log lines: `text` or `json` (as `[daemon] log_format`, with `store` and `batch`)",
         choices=("text", "json"),
     )
+    driver_java_options: str = opt(
+        "", "more options for the driver's JVM, after cdc's own (Spark's `spark.driver.extraJavaOptions`), e.g. "
+        "`-XX:TieredStopAtLevel=1` (less JIT work: short jobs on few cores start and finish sooner)",
+        optional=True,
+    )
 
 
 @dataclass

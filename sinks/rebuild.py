@@ -28,7 +28,7 @@ from sinks.delta_history import HistoryStore
 from sinks.query import StopSignal, ensure_topics
 from sinks.runner import check, checkpoint, keep_running
 from sinks.search import SearchStore
-from sinks.spark import build_session, log_conf
+from sinks.spark import build_session, job_conf
 from sinks.store import SinkStopped, Store
 from sinks.topics import ProgressLog, SchemaFeed
 
@@ -49,7 +49,7 @@ def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, lis
     more pass after it brings them over (position-guarded like every write)."""
     check(config, "search")
     ensure_topics(config)
-    spark = build_session("cdc-search-rebuild", master=config.spark.master, conf=log_conf(config.spark.log_format))
+    spark = build_session("cdc-search-rebuild", master=config.spark.master, conf=job_conf(config.spark))
     stop.install()
     store = SearchStore(config.search, config.topic.prefix, rebuild=True)
     try:
@@ -83,7 +83,7 @@ def rebuild_cache_here(config: Config, stop: StopSignal) -> tuple[int, int, dict
     generations = Generations(config.cache, config.topic.prefix)
     generations.check()
     ensure_topics(config)
-    spark = build_session("cdc-cache-rebuild", master=config.spark.master, conf=log_conf(config.spark.log_format))
+    spark = build_session("cdc-cache-rebuild", master=config.spark.master, conf=job_conf(config.spark))
     stop.install()
     try:
         _fill_and_switch(spark, config, generations, stop, "the cache", "cdc cache rebuild")
@@ -105,7 +105,7 @@ def rebuild_delta_here(config: Config, stop: StopSignal) -> list[tuple[str, int]
 
     check(config, "delta")
     ensure_topics(config)
-    spark = build_session("cdc-delta-rebuild", master=config.spark.master, conf=log_conf(config.spark.log_format))
+    spark = build_session("cdc-delta-rebuild", master=config.spark.master, conf=job_conf(config.spark))
     stop.install()
     try:
         return _fill_and_switch(spark, config, Rebuild(spark, config, stop), stop, "current/",

@@ -32,7 +32,7 @@ from sinks.batch import TypeConflict
 from sinks.metrics import SinkMetrics
 from sinks.pipeline import Progress, SinkJob, UnknownVersion
 from sinks.query import StopSignal, ensure_topics, run
-from sinks.spark import build_session, log_conf, spark_environment, submit_command
+from sinks.spark import build_session, job_conf, spark_environment, submit_command
 from sinks.spark_log import stderr_as_json
 from sinks.store import SinkStopped, Store, StoreLost, StoreUnavailable
 
@@ -78,7 +78,7 @@ def run_here(config: Config, store_name: str, once: bool, stop: StopSignal) -> P
     ensure_topics(config)
     metrics = SinkMetrics(store_name, config)
     metrics.serve()  # a port in use stops the start before Spark does
-    spark = build_session(f"cdc-sink-{store_name}", master=config.spark.master, conf=log_conf(config.spark.log_format))
+    spark = build_session(f"cdc-sink-{store_name}", master=config.spark.master, conf=job_conf(config.spark))
     stop.install()
     try:
         return keep_all_running(spark, config, stores.build_all(store_name, spark, config), once, stop, metrics)
@@ -256,7 +256,7 @@ def submit(config: Config, command: list[str], config_path: str | None, workdir:
         args += ["--config", os.path.abspath(config_path)]
     name = "-".join(word for word in command[:2] if not word.startswith("-"))
     argv = submit_command(launcher, args, app_name=f"cdc-{name}", master=config.spark.master,
-                          conf=log_conf(config.spark.log_format))
+                          conf=job_conf(config.spark))
     at = argv.index("--master")
     return [*argv[:at], "--py-files", str(code_archive(workdir)), *argv[at:]]
 

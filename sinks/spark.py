@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
 
@@ -20,6 +21,9 @@ from cdc.local import jars
 from cdc.local.process import LOCALHOST
 from cdc.redact import json_component
 from sinks import spark_log
+
+if TYPE_CHECKING:
+    from cdc.config import SparkConfig
 
 DEFAULT_MASTER = "local[2]"
 DRIVER_JAVA_OPTIONS = "-Xss16m"
@@ -61,16 +65,18 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
 JSON_LOG4J = "-Dlog4j2.configurationFile=org/apache/spark/log4j2-json-layout.properties"
 
 
-def log_conf(log_format: str) -> dict[str, str]:
-    """`[spark] log_format = "json"`: the driver logs JSON lines with the Python side's keys
-    (sinks.spark_log); executors, whose log stays on their worker, Spark's own JSON layout
-    (`ts`, `level`, `msg`, `logger`), which every Spark has on its classpath."""
-    if log_format != "json":
-        return {}
-    return {
-        "spark.driver.extraJavaOptions": f"{DRIVER_JAVA_OPTIONS} {spark_log.java_options(True)}",
-        "spark.executor.extraJavaOptions": JSON_LOG4J,
-    }
+def job_conf(spark: SparkConfig) -> dict[str, str]:
+    """What a job's `[spark]` adds to `session_conf`: the driver JVM's options with
+    `driver_java_options` after cdc's own, and with `log_format = "json"` a driver logging
+    JSON lines with the Python side's keys (sinks.spark_log) and executors, whose log stays on
+    their worker, in Spark's own JSON layout (`ts`, `level`, `msg`, `logger`), which every
+    Spark has on its classpath."""
+    json_lines = spark.log_format == "json"
+    driver = f"{DRIVER_JAVA_OPTIONS} {spark_log.java_options(json_lines or json_component() is not None)}"
+    conf = {"spark.driver.extraJavaOptions": f"{driver} {spark.driver_java_options}".strip()}
+    if json_lines:
+        conf["spark.executor.extraJavaOptions"] = JSON_LOG4J
+    return conf
 
 
 def spark_environment() -> dict[str, str]:

@@ -25,6 +25,7 @@ from cdc.local.opensearch import LocalOpenSearch
 from cdc.local.postgres import LocalPostgres
 from cdc.local.redis import LocalRedis
 from cdc.local.spark import LocalSparkCluster
+from tests import spark_warmup
 
 EXTERNAL_KAFKA_ENV = "CDC_TEST_BOOTSTRAP_SERVERS"
 
@@ -41,11 +42,16 @@ def pytest_configure(config: pytest.Config) -> None:
         "filterwarnings", "ignore::DeprecationWarning:kafka.protocol.schemas.load_json"
     )
     config.addinivalue_line("filterwarnings", "ignore:open_text is deprecated:DeprecationWarning")
+    # every Spark driver of the session, in-process or a process, shares one warm-up (unless
+    # the caller chose the drivers' options)
+    if spark_warmup.ENV not in os.environ:
+        os.environ[spark_warmup.ENV] = spark_warmup.driver_options(spark_warmup.ensure_archive())
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tiers by fixture use, so a new test lands in the right one without a marker:
-    integration if it needs a server (slow and container tests always do), unit otherwise."""
+    integration if it needs a server (slow and container tests always do), unit otherwise.
+    Unit tests are all in the fast tier; an integration test is there when marked `fast`."""
     for item in items:
         if any(item.get_closest_marker(m) for m in ("integration", "slow", "containers")):
             item.add_marker(pytest.mark.integration)
@@ -53,6 +59,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         else:
             item.add_marker(pytest.mark.unit)
+            item.add_marker(pytest.mark.fast)  # the fast tier: every unit test, and the tests marked fast
 
 
 def _no_server_in_a_unit_test(*_: object, **__: object) -> None:
@@ -128,17 +135,28 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSpa
         yield cluster
 
 
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A local Spark session with the sinks' settings (sinks.spark), one per test module."""
-    from sinks.spark import build_session
+@pytest.fixture(scope="session")
+def _spark_jvm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The session's one driver JVM: its settings, and its session stopped at the end."""
+    from pyspark.sql import SparkSession
+
+    from cdc.config import SparkConfig
+    from sinks.spark import job_conf
 
     warehouse = tmp_path_factory.mktemp("spark-warehouse")  # not the checkout, Spark's default
-    session = build_session("cdc-tests", conf={"spark.sql.warehouse.dir": str(warehouse)})
-    try:
-        yield session
-    finally:
+    driver = job_conf(SparkConfig(driver_java_options=os.environ.get(spark_warmup.ENV, "")))
+    yield {**driver, "spark.sql.warehouse.dir": str(warehouse)}
+    if (session := SparkSession.getActiveSession()) is not None:
         session.stop()
+
+
+@pytest.fixture(scope="module")
+def spark(_spark_jvm: dict[str, str]) -> Any:
+    """A local Spark session with the sinks' settings (sinks.spark) in the session's one JVM:
+    the live one, or a new one where a module stopped it (an in-process rebuild stops its own)."""
+    from sinks.spark import build_session
+
+    return build_session("cdc-tests", conf=_spark_jvm)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import re
 import urllib.request
 
 import orjson
+import pytest
 
 from cdc.events.records import TRUNCATE_KEY
 from cdc.naming import topic_name
@@ -30,6 +31,7 @@ def by_key(records):
     return out
 
 
+@pytest.mark.fast
 def test_every_op_has_the_exact_envelope(db, broker_servers, topic_prefix, run_daemon):
     db.execute("CREATE TABLE public.items (id int PRIMARY KEY, name text, qty int)")
     daemon, slot = run_daemon(["public.items"])

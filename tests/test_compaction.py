@@ -144,6 +144,7 @@ def test_log_cleaner_compacts_cdc_topics_to_the_source_table(
     assert daemon.stop() == 0
 
 
+@pytest.mark.fast
 def test_truncate_clean_up_never_deletes_a_row_written_again_meanwhile(tmp_path, db, broker_servers, topic_prefix):
     """Writers insert the truncated keys again while the daemon reads the topic for its clean-up
     and sends the tombstones: a tombstone landing after a newer record of its key would delete a

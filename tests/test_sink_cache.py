@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import redis
 
 from cdc.config import CacheConfig, TopicConfig
@@ -74,6 +75,7 @@ def _from_topics(servers: str, prefix: str, tables: list[str]) -> dict[str, Any]
     return out
 
 
+@pytest.mark.fast
 def test_the_cache_follows_the_source_and_a_replay_changes_nothing(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, redis_server: LocalRedis
 ) -> None:

@@ -393,6 +393,7 @@ def test_a_job_with_nothing_new_to_read_is_complete_up_to_the_newest_heartbeat_o
         sender.close()
 
 
+@pytest.mark.fast
 def test_a_drained_job_says_how_complete_its_store_is_in_its_progress_its_metrics_and_as_it_stops(
     tmp_path: Path, db: Any, run_daemon: Any, broker_servers: str, topic_prefix: str, redis_server: LocalRedis,
     spark: SparkSession,

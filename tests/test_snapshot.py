@@ -256,6 +256,7 @@ def assert_recovered(daemon: DaemonProcess, dsn: str, slot: str, servers: str, p
 
 
 # -- 1. the aligned initial snapshot -------------------------------------------------------------
+@pytest.mark.fast
 def test_aligned_snapshot_under_concurrent_writes(tmp_path, db, broker_servers, topic_prefix, launch):
     populate(db, 20000)
     config = write_config(
@@ -845,6 +846,7 @@ def test_mode_never_sends_no_reads(tmp_path, db, broker_servers, topic_prefix, l
     assert state is not None and (state.initial, state.done, state.incremental) == ("skipped", [], None)
 
 
+@pytest.mark.fast
 def test_one_shot_snapshot_then_run_misses_nothing(tmp_path, db, broker_servers, topic_prefix, launch):
     populate(db, 20000)
     db.execute("CREATE TABLE public.other (id int PRIMARY KEY, version int NOT NULL, note text)")

@@ -7,7 +7,6 @@ cdc's own renderer on a table wide over types first."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -67,17 +66,6 @@ INSERT INTO public.wide VALUES
  (3, NULL, NULL, 'NaN', '-Infinity', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
   NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)
 """
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from sinks.spark import build_session
-
-    os.chdir(tmp_path_factory.mktemp("spark-cwd"))  # Spark drops spark-warehouse/ in the cwd
-    session = build_session("test-verify")
-    yield session
-    session.stop()
-    os.chdir(ROOT)
 
 
 class Stack:
@@ -205,6 +193,7 @@ def test_the_warehouse_hashes_in_spark_sql_as_in_python(stack: Stack) -> None:
         reader.close()
 
 
+@pytest.mark.fast
 def test_clean_every_side_agrees(stack: Stack) -> None:
     result = stack.verify()
     assert result.exit_code == 0, result.output

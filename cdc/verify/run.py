@@ -376,9 +376,9 @@ def _local_spark(config: Config) -> Callable[[], Any]:
     def session() -> Any:
         with lock:
             if not made:
-                from sinks.spark import build_session
+                from sinks.spark import build_session, job_conf
 
-                made.append(build_session("cdc-verify", master=config.spark.master))
+                made.append(build_session("cdc-verify", master=config.spark.master, conf=job_conf(config.spark)))
             return made[0]
 
     return session
