@@ -274,6 +274,10 @@ class TopicConfig:
     delivery_timeout_ms: int = opt(
         120000, "after this a send fails, and cdc rewinds (see Operations); more than `linger_ms` + 1", low=1
     )
+    connect_timeout_s: float = opt(
+        30.0, "how long a client (kafka-python) tries to reach the brokers before it gives up with a one-line "
+        "error (`cdc run` checks them with at most 15 s)", low=0.1, high=3600,
+    )
     security_protocol: str = opt(
         "PLAINTEXT", "how cdc talks to the brokers", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
         upper=True,

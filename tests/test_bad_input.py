@@ -465,7 +465,8 @@ def test_broker_unreachable(db, config_for, topic_prefix):
     slot = slot_of(topic_prefix)
     before = make_slot(db, slot)
     port = free_port()
-    config = config_for(["public.t"], topic={"bootstrap_servers": f"127.0.0.1:{port}"})
+    # each gives up after [topic] connect_timeout_s (30 s by default; `cdc run`'s check 15 s at most)
+    config = config_for(["public.t"], topic={"bootstrap_servers": f"127.0.0.1:{port}", "connect_timeout_s": 3})
 
     def timed(*args: str) -> tuple[float, subprocess.CompletedProcess]:
         started = time.monotonic()
@@ -482,7 +483,7 @@ def test_broker_unreachable(db, config_for, topic_prefix):
     assert message.endswith("start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS")
     assert confirmed_lsn(db.dsn, slot) == before
 
-    assert tail_s < 60  # kafka-python's own bootstrap timeout (30 s) bounds it
+    assert tail_s < 60  # [topic] connect_timeout_s bounds it
     assert refused(tail_result) == (
         f"cannot read topic {topic_prefix}.public.t from the Kafka broker at 127.0.0.1:{port} (KafkaTimeoutError): "
         "start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS"
@@ -994,7 +995,7 @@ def test_metrics_port_in_use(db, config_for):
 def test_broker_protocol_mistakes_say_what_failed(topic, expected, db, config_for, broker_servers):
     """Not "cannot reach": the broker is there and answered, in another protocol."""
     db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
-    config = config_for(["public.t"], topic=topic)
+    config = config_for(["public.t"], topic={**topic, "connect_timeout_s": 3})  # each gives up after it
     with ThreadPoolExecutor(max_workers=2) as pool:
         running = pool.submit(run, config, timeout=90)
         tailing = pool.submit(cdc, "tail", "public.t", "--config", str(config), timeout=90)
@@ -1038,7 +1039,7 @@ def test_sasl_plain_streams_and_a_wrong_password_says_authentication_failed(db, 
         sasl = {"bootstrap_servers": kafka.sasl_bootstrap_servers, "security_protocol": "SASL_PLAINTEXT",
                 "sasl_mechanism": "PLAIN", "sasl_username": "alice"}
         wrong = write_config(tmp_path / "wrong.toml", db.dsn, "", "tw", ["public.t"],
-                             topic={**sasl, "sasl_password": "not-" + password})
+                             topic={**sasl, "sasl_password": "not-" + password, "connect_timeout_s": 3})
         result = run(wrong, timeout=90)
         message = refused(result)
         assert message.startswith(
@@ -1067,7 +1068,7 @@ def test_tls_streams_and_an_untrusted_certificate_says_so(db, tmp_path):
     with LocalKafka(tmp_path / "kafka", tls=True) as kafka:
         tls = {"bootstrap_servers": kafka.ssl_bootstrap_servers, "security_protocol": "SSL"}
         untrusted = write_config(tmp_path / "untrusted.toml", db.dsn, "", "tu", ["public.t"],
-                                 topic={**tls, "ssl_cafile": str(stranger)})
+                                 topic={**tls, "ssl_cafile": str(stranger), "connect_timeout_s": 3})
         message = refused(run(untrusted, timeout=90))
         assert message == (
             f"cannot use the Kafka broker at {kafka.ssl_bootstrap_servers}: the TLS handshake failed: the broker's "

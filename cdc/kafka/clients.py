@@ -27,6 +27,7 @@ def consumer(config: TopicConfig, client_id: str, **overrides: Any) -> Any:
         "enable_auto_commit": False,
         "max_partition_fetch_bytes": max(1048576, config.max_message_bytes * 2),
         "fetch_max_bytes": max(52428800, config.max_message_bytes * 2),
+        "bootstrap_timeout_ms": int(config.connect_timeout_s * 1000),
         **security_settings(config),
     }
     settings.update(overrides)
@@ -42,6 +43,7 @@ def producer(config: TopicConfig, client_id: str, **overrides: Any) -> Any:
         "bootstrap_servers": config.bootstrap_servers.split(","),
         "client_id": client_id,
         "acks": "all",
+        "bootstrap_timeout_ms": int(config.connect_timeout_s * 1000),
         **security_settings(config),
     }
     settings.update(overrides)

@@ -132,6 +132,7 @@ class KafkaPythonProducer(_Counts):
             delivery_timeout_ms=config.delivery_timeout_ms,
             request_timeout_ms=min(30000, config.delivery_timeout_ms - config.linger_ms - 1),
             max_block_ms=10000,
+            bootstrap_timeout_ms=int(config.connect_timeout_s * 1000),
             allow_auto_create_topics=False,
             **security_settings(config),
         )

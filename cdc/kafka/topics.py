@@ -128,7 +128,7 @@ class TopicAdmin:
                     bootstrap_servers=config.bootstrap_servers.split(","),
                     client_id="cdc-admin",
                     request_timeout_ms=int(timeout_s * 1000),
-                    bootstrap_timeout_ms=int(timeout_s * 1000),
+                    bootstrap_timeout_ms=int(min(timeout_s, config.connect_timeout_s) * 1000),
                     **security_settings(config),
                 )
         except KafkaError as exc:
