@@ -213,9 +213,11 @@ def test_kill_9_and_an_opensearch_restart_under_load(
     tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any
 ) -> None:
     with LocalOpenSearch(tmp_path / "os") as node:
-        def restart(_: Sink) -> None:  # while the job streams
+        def restart(sink: Sink) -> None:  # while the job streams: back once the job found it gone
+            seen = sink.log.read_text().count(f"OpenSearch at {node.url}: ")
             node.kill9()
-            time.sleep(3)
+            wait_for(lambda: sink.log.read_text().count(f"OpenSearch at {node.url}: ") > seen, SINK_TIMEOUT_S,
+                     "the job to find OpenSearch gone", poll=0.2)
             node.start()
 
         config = _config(tmp_path, db, broker_servers, topic_prefix, node.url,
@@ -326,7 +328,8 @@ def test_a_rebuild_stopped_before_its_swap_leaves_the_index_and_goes_on_when_run
     assert _ok(base, "GET", f"/_alias/{acct}") == {f"{acct}-v1": {"aliases": {acct: {}}}}
     assert _acct(base, topic_prefix) == acct_rows(db)
 
-    done = cdc("search", "rebuild", "--config", str(config), env=env, timeout=600)
+    # run again at the default batch size: what is left in a few batches, from its offsets
+    done = cdc("search", "rebuild", "--config", str(config), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[0] == f"{acct}: {acct}-v1 -> {acct}-v2 ({len(acct_rows(db))} documents)"
     assert "sinks.pipeline: batch 0:" not in done.stderr  # it went on from its offsets
