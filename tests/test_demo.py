@@ -28,7 +28,7 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     assert [(r["id"], r["email"]) for r in json.loads(customers)] == [(1, "ada@example.com"), (2, "grace@example.com")]
     orders = out.split("current/public/orders (read with delta-rs): ", 1)[1].splitlines()[0]
     assert [(r["id"], r["total"]) for r in json.loads(orders)] == [(100, "12.50"), (200, "5.00")]
-    assert re.search(r"^sink delta: (caught up|catching up), complete up to 0/[0-9A-F]+", out, re.M)  # cdc status
+    assert _status_line("delta", out)
     # the cache caught up too: GET <topic>:<key JSON> is the row, the deleted order has none
     gets = dict(
         line.strip().removeprefix("GET '").split("' -> ", 1) for line in out.splitlines() if line.strip().startswith("GET '")
@@ -38,7 +38,7 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
         'demo.public.customers:{"id":2}': {"id": 2, "name": "Grace", "email": "grace@example.com"},
     }
     assert sorted(k for k in gets if ".orders:" in k) == ['demo.public.orders:{"id":100}', 'demo.public.orders:{"id":200}']
-    assert "sink cache: complete up to" in out
+    assert _status_line("cache", out)
     # and the search index: a document per row, searchable, the deleted order gone
     docs = dict(line.strip().split(" -> ", 1) for line in out.splitlines() if "/_doc/" in line)
     assert {k: json.loads(v) for k, v in docs.items() if ".customers/" in k} == {
@@ -48,7 +48,7 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     assert sorted(k for k in docs if ".orders/" in k) == [
         'demo.public.orders/_doc/{"id":100}', 'demo.public.orders/_doc/{"id":200}']
     assert """search customers for email 'example.com': ['{"id":1}', '{"id":2}']""" in out
-    assert "sink search: complete up to" in out
+    assert _status_line("search", out)
     # the live view's last picture: every store holds PostgreSQL's rows, each sink caught up
     assert re.search(r"^every store caught up: \d+ s after the sink jobs started, \d+ s after cdc demo started$", out,
                      re.MULTILINE), out[-3000:]
@@ -72,3 +72,8 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     # each --once run read every record and a heartbeat after them: complete, not "up to 0/0"
     completes = dict(re.findall(r"sink (\w+): \d+ batches, .* complete up to LSN (\S+),", out))
     assert sorted(completes) == sorted(STORES) and "0/0" not in completes.values(), completes
+
+
+def _status_line(store: str, out: str) -> bool:
+    """`cdc status` names the sink's state and the LSN its store is complete up to."""
+    return re.search(rf"^sink {store}: (caught up|catching up), complete up to 0/[0-9A-F]+", out, re.M) is not None
