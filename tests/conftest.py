@@ -59,6 +59,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         else:
             item.add_marker(pytest.mark.unit)
+        if item.get_closest_marker("unit"):
             item.add_marker(pytest.mark.fast)  # the fast tier: every unit test, and the tests marked fast
 
 
