@@ -34,6 +34,7 @@ from cdc.kafka.producer import Producer, ProducerError, RecordTooLarge, make_pro
 from cdc.kafka.topics import TopicAdmin, TopicError
 from cdc.metrics import Metrics
 from cdc.naming import topic_name
+from cdc.oneline import first_line
 from cdc.source import pgoutput
 from cdc.source.preflight import PreflightError, check_server, connect_catalog, resolve_tables
 from cdc.source.publication import ensure_publication
@@ -340,7 +341,7 @@ class Daemon:
             return False
         except (psycopg.Error, *_PRODUCER_ERRORS) as exc:
             raise FatalError(
-                f"the initial snapshot failed ({_first_line(exc)}): fix the cause and start again; the tables "
+                f"the initial snapshot failed ({first_line(exc)}): fix the cause and start again; the tables "
                 "not yet complete are then snapshotted incrementally while streaming"
             ) from None
         return True
@@ -369,7 +370,7 @@ class Daemon:
                     self.acks.drain(cfg.topic.delivery_timeout_ms / 1000)
                 except _PRODUCER_ERRORS as broker_exc:
                     self._producer_failed(broker_exc, broker_backoff)
-                self._sleep(repl_backoff.failed(_first_line(exc)))
+                self._sleep(repl_backoff.failed(first_line(exc)))
             except _PRODUCER_ERRORS as exc:
                 self._producer_failed(exc, broker_backoff)
             except WaitStopped:
@@ -381,10 +382,10 @@ class Daemon:
         self.metrics.errors.labels("producer").inc()
         log.error(
             "producer error (%s): rewinding to the last confirmed LSN %s",
-            _first_line(exc), format_lsn(self.acks.confirmed), extra={"lsn": format_lsn(self.acks.confirmed)},
+            first_line(exc), format_lsn(self.acks.confirmed), extra={"lsn": format_lsn(self.acks.confirmed)},
         )
         self._rewind()
-        self._sleep(backoff.failed(_first_line(exc)))
+        self._sleep(backoff.failed(first_line(exc)))
 
     def _reclaim_slot(self) -> None:
         """After the catalog connection was re-established, its advisory lock on the slot is
@@ -417,13 +418,13 @@ class Daemon:
         slot = self.config.source.slot
         if exc.sqlstate == _UNDEFINED_OBJECT:
             raise FatalError(
-                f"streaming stopped ({_first_line(exc)}): changes after LSN {format_lsn(self.acks.confirmed)} "
+                f"streaming stopped ({first_line(exc)}): changes after LSN {format_lsn(self.acks.confirmed)} "
                 "were not captured; check [source] slot and publication, then start again with a fresh "
                 "snapshot of the tables (cdc run recreates a missing slot and publication)"
             ) from None
         if exc.sqlstate == _SLOT_INVALIDATED:
             raise FatalError(
-                f"slot {slot} can no longer stream ({_first_line(exc)}): its WAL is gone; "
+                f"slot {slot} can no longer stream ({first_line(exc)}): its WAL is gone; "
                 f"drop it with SELECT pg_drop_replication_slot('{slot}') and start again "
                 "with a fresh snapshot of the tables"
             ) from None
@@ -742,8 +743,3 @@ def _refused(*errors: type[Exception]) -> Iterator[None]:
         yield
     except errors as exc:
         raise PreflightError(str(exc)) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

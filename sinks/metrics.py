@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from cdc.config import Config, ConfigError
 from cdc.kafka.follow import Heartbeats
 from cdc.naming import table_of_topic
+from cdc.oneline import first_line
 
 BATCH_SECONDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 POLL_S = 1.0  # between two measures of the lag (the daemon sends a heartbeat a second at most)
@@ -88,7 +89,7 @@ class SinkMetrics:
                 except Exception as exc:  # the broker away: measured again from the heartbeats held
                     if not failed:
                         log.warning("sink %s: no new heartbeats for its lag for now: %s", self.store,
-                                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                                    first_line(exc),
                                     extra={"store": self.store})
                     failed = True
                 complete = None if self.complete_lsn is None else self.complete_lsn()

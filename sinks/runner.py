@@ -25,6 +25,7 @@ from pyspark.sql import SparkSession
 
 from cdc.config import Config, ConfigError
 from cdc.kafka.topics import TopicError
+from cdc.oneline import first_line
 from cdc.redact import json_component
 from sinks import checkpoint as checkpoints
 from sinks import stores
@@ -175,9 +176,9 @@ def keep_running(
                         raise
                     if stop() or (once and attempts >= ONCE_ATTEMPTS):
                         raise SinkStopped(f"the {store.name} sink lost writes and starting its rebuild failed "
-                                          f"{attempts} times, last: {_first_line(failed)}") from None
+                                          f"{attempts} times, last: {first_line(failed)}") from None
                     log.warning("sink %s: starting its rebuild failed (%s); again in %.0f s", store.name,
-                                _first_line(failed), delay, extra={"store": store.name})
+                                first_line(failed), delay, extra={"store": store.name})
                     _back_off(delay, stop)
                     delay = min(delay * 2, LAST_DELAY_S)
                     continue
@@ -187,7 +188,7 @@ def keep_running(
                 checkpoints.drop(spark, checkpoint(config, store.name))
                 attempts = 0
             except Exception as exc:
-                first = _first_line(exc)
+                first = first_line(exc)
                 if not transient(exc, store):
                     log.error("sink %s: a batch failed for a reason a retry cannot cure", store.name, exc_info=exc)
                     raise SinkStopped(f"the {store.name} sink stopped: {first} (its log has the traceback)") from None
@@ -211,11 +212,6 @@ def _back_off(seconds: float, stop: Callable[[], bool]) -> None:
     deadline = time.monotonic() + seconds
     while not stop() and (left := deadline - time.monotonic()) > 0:
         time.sleep(min(left, 0.2))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def code_archive(folder: str) -> Path:

@@ -40,7 +40,7 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
         # query.stop() during a batch otherwise kills the query thread with a
         # StackOverflowError (Spark matches a regex over a huge interruption message);
         # the driver logs as this process does (text or JSON lines)
-        "spark.driver.extraJavaOptions": f"{DRIVER_JAVA_OPTIONS} {spark_log.java_options(json_component() is not None)}",
+        "spark.driver.extraJavaOptions": driver_java_options(json_component() is not None),
         "spark.log.level": "WARN",  # also under spark-submit, whose default is INFO
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -65,6 +65,11 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
 JSON_LOG4J = "-Dlog4j2.configurationFile=org/apache/spark/log4j2-json-layout.properties"
 
 
+def driver_java_options(json_lines: bool, extra: str = "") -> str:
+    """cdc's driver JVM options (the thread stack, the log layout), then `extra`."""
+    return f"{DRIVER_JAVA_OPTIONS} {spark_log.java_options(json_lines)} {extra}".strip()
+
+
 def job_conf(spark: SparkConfig) -> dict[str, str]:
     """What a job's `[spark]` adds to `session_conf`: the driver JVM's options with
     `driver_java_options` after cdc's own, and with `log_format = "json"` a driver logging
@@ -72,8 +77,8 @@ def job_conf(spark: SparkConfig) -> dict[str, str]:
     their worker, in Spark's own JSON layout (`ts`, `level`, `msg`, `logger`), which every
     Spark has on its classpath."""
     json_lines = spark.log_format == "json"
-    driver = f"{DRIVER_JAVA_OPTIONS} {spark_log.java_options(json_lines or json_component() is not None)}"
-    conf = {"spark.driver.extraJavaOptions": f"{driver} {spark.driver_java_options}".strip()}
+    driver = driver_java_options(json_lines or json_component() is not None, spark.driver_java_options)
+    conf = {"spark.driver.extraJavaOptions": driver}
     if json_lines:
         conf["spark.executor.extraJavaOptions"] = JSON_LOG4J
     return conf
