@@ -24,6 +24,9 @@ from cdc.local import jars
 
 ENV = "CDC_SPARK_DRIVER_JAVA_OPTIONS"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+# C1 only; its code cache defaults to 48 MB then, which a sink job fills within a minute (the
+# JVM then stops compiling and crawls): the tiered default back.
+JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def archive_path() -> Path:
@@ -34,7 +37,7 @@ def archive_path() -> Path:
 
 
 def driver_options(archive: Path) -> str:
-    return f"-XX:TieredStopAtLevel=1 -XX:SharedArchiveFile={archive} {QUIET}"
+    return f"{JIT} -XX:SharedArchiveFile={archive} {QUIET}"
 
 
 def ensure_archive() -> Path:
@@ -45,7 +48,7 @@ def ensure_archive() -> Path:
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_name(f"{archive.name}.{os.getpid()}.partial")
-    env = {**os.environ, ENV: f"-XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={partial} {QUIET}"}
+    env = {**os.environ, ENV: f"{JIT} -XX:ArchiveClassesAtExit={partial} {QUIET}"}
     done = subprocess.run([sys.executable, "-m", "tests.spark_warmup", "--workload"], env=env,
                           capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
     if done.returncode != 0 or not partial.is_file():
