@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import TypeVar
 
 from pyspark.sql import SparkSession
 
@@ -41,6 +42,24 @@ log = logging.getLogger(__name__)
 LEASE_S = 5.0  # how often a holder writes its file again
 STALE_S = 60.0  # a file not written again for this long is a dead holder's
 POLL_S = 1.0  # how often the live job looks for a request between its batches
+# Writing a file again (hadoop.write_bytes) renames the new one over it, which Hadoop's local
+# file system does as a delete, then a rename: a reader finds it gone for a moment (1 look in
+# 6 while a thread writes it in a loop, measured). A lease or a request found gone is looked
+# at again after these before it counts as gone.
+LOOK_AGAIN_S = (0.05, 0.25)
+
+T = TypeVar("T")
+
+
+def _again(look: Callable[[], T]) -> T:
+    """What `look` finds; when nothing (None or False), what it finds after LOOK_AGAIN_S."""
+    found = look()
+    for gap_s in LOOK_AGAIN_S:
+        if found is not None and found is not False:
+            break
+        time.sleep(gap_s)
+        found = look()
+    return found
 
 
 def _folder(root: str) -> str:
@@ -83,14 +102,14 @@ class LiveSide:
     def hold(self, stop: Callable[[], bool]) -> None:
         """Between two batches (the query stopped): answer the request, wait until the
         rebuild's switch is done (or its request went stale, or a stop), then go on."""
-        token = hadoop.read_bytes(self.spark, self.request)
+        token = _again(lambda: hadoop.read_bytes(self.spark, self.request))
         if token is None:
             return
         hadoop.write_bytes(self.spark, self.answer, token)
         log.info("paused between batches for the Delta rebuild's switch")
         started = time.monotonic()
         try:
-            while not stop() and self.requested():
+            while not stop() and _again(self.requested):  # a request renewed meanwhile is still there
                 self.beat()
                 time.sleep(POLL_S)
         finally:
@@ -136,12 +155,12 @@ class RebuildSide:
 
     def live_running(self) -> bool:
         """Whether the live job holds a fresh lease."""
-        age = hadoop.age_s(self.spark, self.live.lease)
+        age = _again(lambda: hadoop.age_s(self.spark, self.live.lease))
         return age is not None and age <= STALE_S
 
     def held(self) -> bool:
         """The request is still this rebuild's (a live job that found it stale removed it)."""
-        return hadoop.read_bytes(self.spark, self.live.request) == self.token
+        return _again(lambda: hadoop.read_bytes(self.spark, self.live.request) == self.token)
 
     def release(self) -> None:
         self._done.set()
