@@ -623,17 +623,14 @@ def _warehouse(config: Config, conf: dict[str, str] | None = None) -> Any:
     from contextlib import contextmanager
 
     from sinks.delta import DeltaStore
-    from sinks.spark import build_session, job_conf
+    from sinks.spark import job_session
     from sinks.stores import check
 
     @contextmanager
     def session() -> Any:
         check("delta", config)
-        spark = build_session("cdc-delta-maintenance", master="local[2]", conf={**job_conf(config.spark), **(conf or {})})
-        try:
+        with job_session("cdc-delta-maintenance", config.spark, master="local[2]", conf=conf) as spark:
             yield DeltaStore(spark, config.delta.path)
-        finally:
-            spark.stop()
 
     return session()
 

@@ -28,7 +28,7 @@ from sinks.delta_history import HistoryStore
 from sinks.query import StopSignal, ensure_topics
 from sinks.runner import check, checkpoint, keep_running
 from sinks.search import SearchStore
-from sinks.spark import build_session, job_conf
+from sinks.spark import job_session
 from sinks.store import SinkStopped, Store
 from sinks.topics import ProgressLog, SchemaFeed
 
@@ -49,10 +49,9 @@ def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, lis
     more pass after it brings them over (position-guarded like every write)."""
     check(config, "search")
     ensure_topics(config)
-    spark = build_session("cdc-search-rebuild", master=config.spark.master, conf=job_conf(config.spark))
-    stop.install()
-    store = SearchStore(config.search, config.topic.prefix, rebuild=True)
-    try:
+    with job_session("cdc-search-rebuild", config.spark) as spark:
+        stop.install()
+        store = SearchStore(config.search, config.topic.prefix, rebuild=True)
         _passes(spark, config, store, stop)
         if stop():
             raise SinkStopped("the rebuild stopped before its swap; the current indexes are untouched: run "
@@ -65,8 +64,6 @@ def rebuild_search_here(config: Config, stop: StopSignal) -> list[tuple[str, lis
         ProgressLog(config.topic, store.name).forget()
         counts = store.documents([alias for alias, _, _ in moved])
         return [(alias, old, new, counts[alias]) for alias, old, new in moved]
-    finally:
-        spark.stop()
 
 
 def rebuild_cache_here(config: Config, stop: StopSignal) -> tuple[int, int, dict[str, int]]:
@@ -83,13 +80,10 @@ def rebuild_cache_here(config: Config, stop: StopSignal) -> tuple[int, int, dict
     generations = Generations(config.cache, config.topic.prefix)
     generations.check()
     ensure_topics(config)
-    spark = build_session("cdc-cache-rebuild", master=config.spark.master, conf=job_conf(config.spark))
-    stop.install()
-    try:
+    with job_session("cdc-cache-rebuild", config.spark) as spark:
+        stop.install()
         _fill_and_switch(spark, config, generations, stop, "the cache", "cdc cache rebuild")
         return generations.target, generations.live, generations.rows()
-    finally:
-        spark.stop()
 
 
 def rebuild_delta_here(config: Config, stop: StopSignal) -> list[tuple[str, int]]:
@@ -105,13 +99,10 @@ def rebuild_delta_here(config: Config, stop: StopSignal) -> list[tuple[str, int]
 
     check(config, "delta")
     ensure_topics(config)
-    spark = build_session("cdc-delta-rebuild", master=config.spark.master, conf=job_conf(config.spark))
-    stop.install()
-    try:
+    with job_session("cdc-delta-rebuild", config.spark) as spark:
+        stop.install()
         return _fill_and_switch(spark, config, Rebuild(spark, config, stop), stop, "current/",
                                 "cdc delta rebuild") or []
-    finally:
-        spark.stop()
 
 
 class _Generations(Protocol[S]):

@@ -33,7 +33,7 @@ from sinks.batch import TypeConflict
 from sinks.metrics import SinkMetrics
 from sinks.pipeline import Progress, SinkJob, UnknownVersion
 from sinks.query import StopSignal, ensure_topics, run
-from sinks.spark import build_session, job_conf, spark_environment, submit_command
+from sinks.spark import job_conf, job_session, spark_environment, submit_command
 from sinks.spark_log import stderr_as_json
 from sinks.store import SinkStopped, Store, StoreLost, StoreUnavailable
 
@@ -79,13 +79,12 @@ def run_here(config: Config, store_name: str, once: bool, stop: StopSignal) -> P
     ensure_topics(config)
     metrics = SinkMetrics(store_name, config)
     metrics.serve()  # a port in use stops the start before Spark does
-    spark = build_session(f"cdc-sink-{store_name}", master=config.spark.master, conf=job_conf(config.spark))
-    stop.install()
     try:
-        return keep_all_running(spark, config, stores.build_all(store_name, spark, config), once, stop, metrics)
+        with job_session(f"cdc-sink-{store_name}", config.spark) as spark:
+            stop.install()
+            return keep_all_running(spark, config, stores.build_all(store_name, spark, config), once, stop, metrics)
     finally:
         metrics.close()
-        spark.stop()
 
 
 def keep_all_running(

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,6 +118,21 @@ def build_session(
         return builder.getOrCreate()
     with spark_log.stderr_as_json(component):
         return builder.getOrCreate()
+
+
+@contextmanager
+def job_session(app_name: str, spark: SparkConfig, master: str | None = None,
+                conf: Mapping[str, str] | None = None) -> Iterator[SparkSession]:
+    """A command's session (`build_session` with the job's `[spark]` settings and `conf`),
+    stopped after it, unless the process had one already: a session the caller made (a
+    notebook, an embedding program, the tests' one JVM) stays the caller's."""
+    callers = SparkSession.getActiveSession()
+    session = build_session(app_name, master=master or spark.master, conf={**job_conf(spark), **(conf or {})})
+    try:
+        yield session
+    finally:
+        if callers is None:
+            session.stop()
 
 
 def submit_command(

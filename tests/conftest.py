@@ -154,7 +154,7 @@ def _spark_jvm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
 @pytest.fixture(scope="module")
 def spark(_spark_jvm: dict[str, str]) -> Any:
     """A local Spark session with the sinks' settings (sinks.spark) in the session's one JVM:
-    the live one, or a new one where a module stopped it (an in-process rebuild stops its own)."""
+    the live one, or a new one where a module stopped it."""
     from sinks.spark import build_session
 
     return build_session("cdc-tests", conf=_spark_jvm)

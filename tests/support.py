@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import random
 import re
@@ -10,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -308,6 +312,43 @@ def peak_rss_mb(pid: int) -> float:
 SINK_TIMEOUT_S = 900
 
 
+def cdc_here(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`cdc <args>` in this process, as its own process would run it (its stdout, its stderr
+    with the log, its exit code), with `env` added: a Spark job reuses the tests' driver JVM,
+    warm, instead of starting one (10-20 s each). The process-wide state the command sets
+    (the root logger, the signal handlers, the exception hooks, the environment) is put back."""
+    from cdc.cli import main
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    hooks = sys.excepthook, threading.excepthook
+    signals = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    environ = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    root.handlers = []  # the command's own logging set-up then logs to `err`
+    os.environ.update(env or {})
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(list(args), prog_name="cdc")
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            except Exception:  # what the process would print before exiting 1
+                err.write(traceback.format_exc())
+                code = 1
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers, root.level = handlers, level
+        sys.excepthook, threading.excepthook = hooks
+        for sig, previous in signals.items():
+            signal.signal(sig, previous)
+        os.environ.clear()
+        os.environ.update(environ)
+    return subprocess.CompletedProcess(["cdc", *args], code, out.getvalue(), err.getvalue())
+
+
 class Sink:
     """`cdc sink <store>` for one test's config: `--once` runs, or a streaming process."""
 
@@ -315,13 +356,18 @@ class Sink:
         self.config, self.log, self.store = config, log, store
         self.proc: subprocess.Popen | None = None
 
-    def once(self, exit_code: int = 0, env: dict[str, str] | None = None) -> str:
-        """`--once` to the end; its stdout (its stderr when it is to fail)."""
-        done = subprocess.run(
-            [sys.executable, "-m", "cdc", "sink", self.store, "--once", "--config", str(self.config)],
-            capture_output=True, text=True, timeout=SINK_TIMEOUT_S, cwd=self.config.parent,
-            env={**os.environ, **(env or {})},
-        )
+    def once(self, exit_code: int = 0, env: dict[str, str] | None = None, process: bool = False) -> str:
+        """`--once` to the end; its stdout (its stderr when it is to fail). In this process's
+        Spark session (`cdc_here`), unless `process`: where the test reads the JVM's own output,
+        and on a cluster (spark-submit's driver prints to the process's own stdout)."""
+        args = ("sink", self.store, "--once", "--config", str(self.config))
+        if process or load(self.config).spark.master.startswith("spark://"):
+            done = subprocess.run(
+                [sys.executable, "-m", "cdc", *args], capture_output=True, text=True, timeout=SINK_TIMEOUT_S,
+                cwd=self.config.parent, env={**os.environ, **(env or {})},
+            )
+        else:
+            done = cdc_here(*args, env=env)
         with open(self.log, "a", encoding="utf-8") as out:
             out.write(done.stdout + done.stderr)
         assert done.returncode == exit_code, done.stdout + done.stderr[-4000:]
@@ -388,7 +434,7 @@ class Sink:
 
 def rebuild_while_streaming(
     dsn: str, sink: Sink, command: tuple[str, ...], read: Callable[[], Any], every_s: float, pause_s: float,
-    batches_after: int = 1, timeout: float = 900,
+    batches_after: int = 1,
 ) -> tuple[subprocess.CompletedProcess, list[Any]]:
     """`cdc <command>` while writers change public.acct, the live job streams them and a
     reader samples the store every `every_s` (`read`, in a thread of its own); then
@@ -406,7 +452,7 @@ def rebuild_while_streaming(
         sink.start()
         sink.next_batch()
         reader.start()
-        done = cdc(*command, timeout=timeout)
+        done = cdc_here(*command)
         for n in range(batches_after):
             sink.next_batch(f"batch {n + 1} of the job after the switch")
     reading.set()

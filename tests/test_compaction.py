@@ -29,6 +29,7 @@ from tests.support import (
     EAGER_COMPACTION,
     DaemonProcess,
     cdc,
+    cdc_here,
     slot_of,
     source_table,
     start_streaming,
@@ -43,16 +44,13 @@ def _apply_stores(config) -> None:
     from sinks import stores
     from sinks.query import ensure_topics
     from sinks.runner import check, keep_running
-    from sinks.spark import build_session
+    from sinks.spark import job_session
 
-    spark = build_session("test-compaction-stores")
-    try:
+    with job_session("test-compaction-stores", config.spark) as spark:
         for store in ("cache", "search", "delta"):
             check(config, store)
             ensure_topics(config)
             keep_running(spark, config, stores.build(store, spark, config), True, lambda: False)
-    finally:
-        spark.stop()
 
 
 def test_log_cleaner_compacts_cdc_topics_to_the_source_table(
@@ -62,15 +60,8 @@ def test_log_cleaner_compacts_cdc_topics_to_the_source_table(
     truncate removed all leave the topic; tombstones go after delete.retention.ms. Every store,
     filled before the cleaner ran and rebuilt from the topic after it (`cdc search|cache|delta
     rebuild`), equals the source (`cdc verify`)."""
-    import signal
-
-    from click.testing import CliRunner
-
-    from cdc.cli import main
     from cdc.config import load
     from cdc.local.redis import LocalRedis
-    from sinks.query import StopSignal
-    from sinks.rebuild import rebuild_cache_here, rebuild_delta_here, rebuild_search_here
 
     monkeypatch.chdir(tmp_path)  # Spark's spark-warehouse/ lands in the cwd
     servers = eager_broker.bootstrap_servers
@@ -127,19 +118,17 @@ def test_log_cleaner_compacts_cdc_topics_to_the_source_table(
     assert len(table.state()) == 10
 
     # every store rebuilt from the compacted topic, its live job going on after; then verify
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    stores_path = str(tmp_path / "stores.toml")
     try:
-        for rebuild in (rebuild_search_here, rebuild_cache_here, rebuild_delta_here):
-            rebuild(stores, StopSignal())
+        for store in ("search", "cache", "delta"):
+            done = cdc_here(store, "rebuild", "--config", stores_path)
+            assert done.returncode == 0, done.stderr[-3000:]
         _apply_stores(stores)
-        result = CliRunner().invoke(main, ["verify", "--config", str(tmp_path / "stores.toml")],
-                                    catch_exceptions=False)
+        result = cdc_here("verify", "--config", stores_path)
     finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
         redis_server.stop()
-    assert result.exit_code == 0, result.output
-    assert [line.split()[0] for line in result.output.splitlines()[1:-1]] == [
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert [line.split()[0] for line in result.stdout.splitlines()[1:-1]] == [
         "public.acct:", "topic", "delta", "search", "cache"]
     assert daemon.stop() == 0
 

@@ -29,6 +29,7 @@ from tests.support import (
     acct_changes_captured,
     acct_rows,
     cdc,
+    cdc_here,
     rebuild_while_streaming,
     wait_caught_up,
     wait_for,
@@ -113,7 +114,7 @@ def test_a_cache_rebuild_stopped_before_its_switch_leaves_the_cache_and_goes_on(
     assert other.exists(f"__cdc:{topic_prefix}:sink:cache-rebuild")
 
     # the rest in one batch: going on from the stopped rebuild's offsets needs no small batches
-    done = cdc("cache", "rebuild", "--config", str(config), timeout=600)
+    done = cdc_here("cache", "rebuild", "--config", str(config))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == f"cache rebuild: database 3 swapped in as database 2, 1 tables, {len(acct_rows(db))} rows"
     assert "sinks.pipeline: batch 0:" not in done.stderr  # it went on from its offsets
@@ -131,7 +132,7 @@ def _delta_config(tmp_path: Path, db: Any, servers: str, prefix: str) -> Path:
 
 
 def _verify(config: Path, store: str) -> None:
-    done = cdc("verify", "--stores", store, "--tables", "public.acct", "--config", str(config), timeout=600)
+    done = cdc_here("verify", "--stores", store, "--tables", "public.acct", "--config", str(config))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 

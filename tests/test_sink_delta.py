@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from pyspark.sql import SparkSession
 
 from cdc.config import TopicConfig
@@ -27,6 +28,7 @@ from tests.support import (
     SINK_TIMEOUT_S,
     Sink,
     cdc,
+    cdc_here,
     current_lsn,
     wait_caught_up,
     wait_for,
@@ -470,23 +472,30 @@ def _check_exactly_once(spark: SparkSession, warehouse: Path, db: Any, servers: 
     assert dict(tuple(r) for r in current) == {k: v[0] for k, v in source.items()}
 
 
-def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
-    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, spark: SparkSession
+# between a batch's commits: `current` committed, not the change log; the change log committed,
+# not the checkpoint; a history MERGE committed, not its query's checkpoint
+KILL_POINTS = {
+    "current": "DEBUG sinks.delta: public.acct: current ",
+    "changes": "DEBUG sinks.delta: changes: ",
+    "history": "DEBUG sinks.delta: public.acct: history ",
+}
+
+
+@pytest.mark.parametrize("after", list(KILL_POINTS))
+def test_kill_9_between_two_commits_of_a_batch_then_replay_from_a_deleted_checkpoint(
+    after: str, tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, spark: SparkSession
 ) -> None:
     from tests.support import ACCT, Writers
 
     db.execute(ACCT)
-    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 2000) g")
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 500) g")
     daemon, slot = run_daemon(["public.acct"])
-    config = _config(tmp_path, db, broker_servers, topic_prefix, spark={"max_offsets_per_trigger": 700},
+    config = _config(tmp_path, db, broker_servers, topic_prefix, spark={"max_offsets_per_trigger": 200},
                      delta={"history_interval_s": 5})
     warehouse = tmp_path / "warehouse"
     sink = Sink(config, tmp_path / "sink.log")
-    with Writers(db.dsn, keys=3000, pause_s=0.05):
-        # between a batch's commits: `current` committed, not the change log; the change log
-        # committed, not the checkpoint; a history MERGE committed, not its query's checkpoint
-        sink.kill9_after(("DEBUG sinks.delta: public.acct: current ", "DEBUG sinks.delta: changes: ",
-                          "DEBUG sinks.delta: public.acct: history "))
+    with Writers(db.dsn, keys=1000, pause_s=0.05):
+        sink.kill9_after((KILL_POINTS[after],))
         # streaming, then SIGTERM: a clean stop after the running batch
         sink.start()
         sink.next_batch()
@@ -503,10 +512,30 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
     _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
     daemon.stop()
 
-    # maintenance: compaction of the micro-batches' small files, and history from changes
+
+def test_maintenance_optimizes_rebuilds_history_and_moves_an_old_warehouse_to_the_one_change_log(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, spark: SparkSession
+) -> None:
+    from tests.support import ACCT
+
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 60) g")
+    daemon, slot = run_daemon(["public.acct"])
+    config = _config(tmp_path, db, broker_servers, topic_prefix)
+    warehouse = tmp_path / "warehouse"
+    sink = Sink(config, tmp_path / "sink.log")
+    for step in range(3):  # a few batches: small files to compact, keys with several versions in history
+        db.execute(f"UPDATE public.acct SET version = version + 1, note = 'step {step}' WHERE id % 3 <> {step}")
+        db.execute(f"DELETE FROM public.acct WHERE id = {10 * (step + 1)}")
+        wait_caught_up(db.dsn, slot, daemon)
+        sink.once()
+    daemon.stop()
+    _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
+
+    # compaction of the micro-batches' small files, and history from changes
     history_columns = ("_cdc_key", "_cdc_offset", "_cdc_valid_to_lsn", "_cdc_is_current", "_cdc_deleted", "version")
     history = sorted(tuple(r) for r in _table(spark, warehouse, "history", "acct").select(*history_columns).collect())
-    done = cdc("delta", "optimize", "--config", str(config), timeout=SINK_TIMEOUT_S)
+    done = cdc_here("delta", "optimize", "--config", str(config))
     assert done.returncode == 0, done.stderr[-3000:]
     # every table is optimized (the job's own compaction may have left nothing to do: "0 files compacted into 0")
     for table in ("current/public/acct", "changes", "history/public/acct"):
@@ -516,7 +545,7 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
     _table(spark, warehouse, "history", "acct").localCheckpoint().write.format("delta").mode("overwrite").option(
         "overwriteSchema", "true").save(history_path)
     assert _partition_columns(spark, history_path) == []
-    done = cdc("delta", "rebuild-history", "--config", str(config), timeout=SINK_TIMEOUT_S)
+    done = cdc_here("delta", "rebuild-history", "--config", str(config))
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"public.acct: {len(history)} versions" in done.stdout
     rebuilt = sorted(tuple(r) for r in _table(spark, warehouse, "history", "acct").select(*history_columns).collect())
@@ -531,15 +560,15 @@ def test_kill_9_mid_batch_then_replay_from_a_deleted_checkpoint(
         f"error: the Delta warehouse at {warehouse} keeps changes/ per table (cdc before the one change log): stop "
         "the delta sink and run `cdc delta migrate --config <file>` once, which moves it to the one change log"
     ) in err.splitlines()
-    done = cdc("delta", "migrate", "--config", str(config), timeout=SINK_TIMEOUT_S)
+    done = cdc_here("delta", "migrate", "--config", str(config))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == [
         f"changes/public/acct: {moved} rows moved into {warehouse}/changes", "delta migrate: 1 change tables moved"
     ]
     assert not (warehouse / "_cdc" / "changes-per-table").exists()
-    sink.once(env=big_batches)  # the history query reads the whole log again: its watermarks skip what it has
+    sink.once()  # the history query reads the whole log again: its watermarks skip what it has
     _check_exactly_once(spark, warehouse, db, broker_servers, topic_prefix)
-    done = cdc("delta", "migrate", "--config", str(config), timeout=SINK_TIMEOUT_S)
+    done = cdc_here("delta", "migrate", "--config", str(config))
     assert done.stdout.strip() == f"delta migrate: nothing to move, {warehouse}/changes is the change log already"
 
 

@@ -434,3 +434,14 @@ def test_a_drained_job_says_how_complete_its_store_is_in_its_progress_its_metric
     job = SinkJob(spark, config, CacheStore(config.cache, topic_prefix), metrics=again)
     job.close()
     assert again.registry.get_sample_value("cdc_sink_complete_lsn", {"store": "cache"}) == progress.complete_lsn
+
+
+def test_a_command_run_in_a_process_with_a_session_leaves_that_session_running(spark: SparkSession) -> None:
+    """A sink job, a rebuild or `cdc delta ...` run where the process has its session already
+    (a notebook, an embedding program, these tests) works in it and leaves it running."""
+    from cdc.config import SparkConfig
+    from sinks.spark import job_session
+
+    with job_session("cdc-inside", SparkConfig()) as session:
+        assert session is spark
+    assert spark.range(3).count() == 3

@@ -41,6 +41,7 @@ from tests.support import (
     acct_rows,
     acct_under_load,
     cdc,
+    cdc_here,
     wait_caught_up,
     wait_for,
     write_config,
@@ -273,7 +274,7 @@ def test_a_rebuild_swaps_every_index_while_readers_and_the_job_go_on(
         return orjson.loads(resp.data)["count"] if resp.status == 200 else (resp.status, resp.data[:200])
 
     done, answers = rebuild_while_streaming(
-        db.dsn, sink, ("search", "rebuild", "--config", str(config)), every_s=0.05, pause_s=0.02, timeout=600,
+        db.dsn, sink, ("search", "rebuild", "--config", str(config)), every_s=0.05, pause_s=0.02,
         read=lambda: (count(acct), count(f"{topic_prefix}.public.*")))
     lines = done.stdout.splitlines()
     assert re.fullmatch(rf"{re.escape(acct)}: {re.escape(acct)}-v1 -> {re.escape(acct)}-v2 \(\d+ documents\)",
@@ -329,7 +330,7 @@ def test_a_rebuild_stopped_before_its_swap_leaves_the_index_and_goes_on_when_run
     assert _acct(base, topic_prefix) == acct_rows(db)
 
     # run again at the default batch size: what is left in a few batches, from its offsets
-    done = cdc("search", "rebuild", "--config", str(config), timeout=600)
+    done = cdc_here("search", "rebuild", "--config", str(config))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[0] == f"{acct}: {acct}-v1 -> {acct}-v2 ({len(acct_rows(db))} documents)"
     assert "sinks.pipeline: batch 0:" not in done.stderr  # it went on from its offsets
