@@ -562,7 +562,7 @@ def test_on_message_snapshot_signal() -> None:
 @pytest.mark.parametrize(
     "content",
     [
-        signal_message("other", ["public.a"]),  # another daemon's slot
+        orjson.dumps({"slot": "other", "type": "snapshot", "tables": ["public.a"], "id": "s1"}),  # another daemon's slot
         orjson.dumps({"type": "snapshot", "tables": ["public.a"]}),  # no slot
         orjson.dumps({"slot": "CDC", "type": "snapshot", "tables": ["public.a"]}),
         orjson.dumps({"slot": "cdc", "type": "other", "tables": ["public.a"]}),
