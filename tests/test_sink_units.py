@@ -628,42 +628,6 @@ def test_search_documents_turn_dates_into_iso_text_and_json_into_objects() -> No
     assert docs.source("p.public.t", 100, {"d": "x"}, "p3") == {"d": "x", "_cdc_pos": "p3"}  # the commit LSN's version
 
 
-def test_a_lease_or_a_request_written_again_never_reads_as_gone(spark, tmp_path, monkeypatch) -> None:
-    """Hadoop writes a handover file again as a delete, then a rename. A running job's lease
-    read as gone makes the rebuild switch under it, a renewed request read as gone lets the
-    held job go on during the switch: both must read as there all along."""
-    import threading
-
-    from sinks import hadoop, handover
-
-    root = str(tmp_path / "warehouse")
-    live, rebuild = handover.LiveSide(spark, root, "delta"), handover.RebuildSide(spark, root, "delta")
-    live.beat()
-    rebuild.request()
-    rewriting = threading.Event()
-
-    def write_again() -> None:
-        while not rewriting.is_set():
-            hadoop.write_bytes(spark, live.lease, b"host 1")
-            hadoop.write_bytes(spark, live.request, rebuild.token)
-
-    monkeypatch.setattr(handover, "POLL_S", 0.01)  # the held job looks at the request all the time
-    writer = threading.Thread(target=write_again, daemon=True)
-    went_on = threading.Event()
-    held = threading.Thread(target=lambda: (live.hold(lambda: False), went_on.set()), daemon=True)
-    writer.start()
-    held.start()
-    try:
-        looks = [(rebuild.live_running(), rebuild.held()) for _ in range(100)]
-        assert not went_on.is_set()
-    finally:
-        rewriting.set()
-        writer.join(10)
-    assert looks == [(True, True)] * 100
-    rebuild.release()
-    assert went_on.wait(10)
-
-
 def test_a_delta_rebuild_holds_a_live_job_between_batches_and_lets_it_go_on(spark, tmp_path, monkeypatch) -> None:
     """sinks.handover on a real Hadoop file system: the rebuild waits for a running job's
     answer (never for a job that is not running), the job holds until the switch is done,
