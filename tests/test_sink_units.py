@@ -682,3 +682,49 @@ def test_a_delta_rebuild_holds_a_live_job_between_batches_and_lets_it_go_on(spar
     assert not live.requested()
     assert not stalled.held()
     stalled.release()
+
+
+def test_a_lease_or_a_request_found_gone_for_one_look_still_counts(spark, tmp_path, monkeypatch) -> None:
+    """hadoop.write_bytes renames the new file over the old, which Hadoop's local file system
+    does as a delete, then a rename: a look between the two finds no file. Such a look must
+    not let a held job go on, nor make the rebuild take the job for stopped or its own
+    request for lost (the looks are made to fall into that gap here, one at a time)."""
+    import threading
+    import time
+
+    from sinks import hadoop, handover
+
+    root = str(tmp_path / "warehouse")
+    live = handover.LiveSide(spark, root, "delta")
+    live.beat()
+    rebuild = handover.RebuildSide(spark, root, "delta")
+    rebuild.request()
+    in_the_gap: set[str] = set()  # the files the next look at finds missing, once each
+
+    def between_delete_and_rename(look):
+        def looked(session, path):
+            if path in in_the_gap:
+                in_the_gap.discard(path)
+                return None
+            return look(session, path)
+        return looked
+
+    monkeypatch.setattr(hadoop, "age_s", between_delete_and_rename(hadoop.age_s))
+    monkeypatch.setattr(hadoop, "read_bytes", between_delete_and_rename(hadoop.read_bytes))
+
+    in_the_gap.add(live.lease)
+    assert rebuild.live_running(), "a lease being written again read as a job that is not running"
+    in_the_gap.add(live.request)
+    assert rebuild.held(), "a request being written again read as lost"
+
+    in_the_gap.add(live.request)  # the job's first look at the request, between two batches
+    went_on = threading.Event()
+    job = threading.Thread(target=lambda: (live.hold(lambda: False), went_on.set()), daemon=True)
+    job.start()
+    assert not went_on.wait(2 * handover.POLL_S), "the job went on without pausing"
+    assert rebuild.wait_for_live(lambda: False) == "paused"
+    in_the_gap.add(live.request)  # a look while it holds
+    time.sleep(3 * handover.POLL_S)
+    assert not in_the_gap and not went_on.is_set(), "a held job went on during the switch"
+    rebuild.release()
+    assert went_on.wait(10)
