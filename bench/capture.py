@@ -66,8 +66,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYT
 
 from cdc.accel import native  # noqa: E402
 from cdc.config import TopicConfig  # noqa: E402
+from cdc.jars import BUNDLES  # noqa: E402
 from cdc.kafka.producer import RECORD_OVERHEAD  # noqa: E402
-from cdc.local.jars import BUNDLES  # noqa: E402
 from cdc.local.kafka import LocalKafka  # noqa: E402
 from cdc.local.postgres import LocalPostgres, find_pg_bin_dir  # noqa: E402
 from cdc.naming import topic_name  # noqa: E402

@@ -488,22 +488,14 @@ class Daemon:
         msg = self.decoder.decode(payload)
         kind = type(msg)
         if kind in _CHANGES:
-            records = self.renderer.records(msg, self._txn, change_lsn)  # type: ignore[arg-type]
-            if self.incremental.chunk is not None:
-                self.incremental.saw(records, self._txn.xid)  # type: ignore[union-attr]
-            self._send(records)
-            if kind is pgoutput.Truncate:
-                self.cleanups.truncated(records)
+            self._change(msg, self._txn, change_lsn)  # type: ignore[arg-type]
         elif isinstance(msg, pgoutput.Begin):
             self._txn = Txn(msg.final_lsn, msg.commit_ts_us, msg.xid)
         elif isinstance(msg, pgoutput.Commit):
-            self.acks.commit(msg.end_lsn, msg.commit_ts_us)
-            self.incremental.note_commit(self._txn.xid)  # type: ignore[union-attr]
-            self.cleanups.committed(msg.end_lsn)
+            self._committed(self._txn.xid, msg.end_lsn, msg.commit_ts_us)  # type: ignore[union-attr,arg-type]
             self._txn = None
         elif isinstance(msg, pgoutput.Relation):
-            self.renderer.relation(msg)
-            self._publish_version(self.renderer.tables.get(msg.oid), self._txn)
+            self._relation(msg, self._txn)
         elif isinstance(msg, pgoutput.StreamStart):
             self._stream_xid = msg.xid
         elif isinstance(msg, pgoutput.StreamStop):
@@ -543,17 +535,10 @@ class Daemon:
         n = -1
         for n, (change_lsn, payload) in enumerate(self.spill.replay(commit.xid)):
             msg = decoder.decode(payload)
-            kind = type(msg)
-            if kind in _CHANGES:
-                records = self.renderer.records(msg, txn, change_lsn)
-                if self.incremental.chunk is not None:
-                    self.incremental.saw(records, txn.xid)
-                self._send(records)
-                if kind is pgoutput.Truncate:
-                    self.cleanups.truncated(records)
+            if type(msg) in _CHANGES:
+                self._change(msg, txn, change_lsn)
             elif isinstance(msg, pgoutput.Relation):
-                self.renderer.relation(msg)
-                self._publish_version(self.renderer.tables.get(msg.oid), txn)
+                self._relation(msg, txn)
             if n % 5000 == 4999:
                 self.acks.advance()
                 self._send_status()
@@ -561,9 +546,27 @@ class Daemon:
             "streamed transaction %d committed at %s: produced from %d spilled messages",
             commit.xid, format_lsn(commit.commit_lsn), n + 1, extra={"lsn": format_lsn(commit.commit_lsn)},
         )
-        self.acks.commit(commit.end_lsn, commit.commit_ts_us)
-        self.incremental.note_commit(commit.xid)
-        self.cleanups.committed(commit.end_lsn)
+        self._committed(commit.xid, commit.end_lsn, commit.commit_ts_us)
+
+    def _change(self, msg: object, txn: Txn, change_lsn: int) -> None:
+        """One Insert, Update, Delete or Truncate of `txn`, as it streams or from a spill file."""
+        records = self.renderer.records(msg, txn, change_lsn)
+        if self.incremental.chunk is not None:
+            self.incremental.saw(records, txn.xid)
+        self._send(records)
+        if type(msg) is pgoutput.Truncate:
+            self.cleanups.truncated(records)
+
+    def _relation(self, msg: pgoutput.Relation, txn: Txn | None) -> None:
+        """A table's shape: the renderer's from now on, and the schema topic's (once per shape)."""
+        self.renderer.relation(msg)
+        self._publish_version(self.renderer.tables.get(msg.oid), txn)
+
+    def _committed(self, xid: int, end_lsn: int, commit_ts_us: int) -> None:
+        """A transaction's commit: its acknowledgement, and what waited for it to commit."""
+        self.acks.commit(end_lsn, commit_ts_us)
+        self.incremental.note_commit(xid)
+        self.cleanups.committed(end_lsn)
 
     def _publish_version(self, events: TableEvents | None, txn: Txn | None) -> None:
         """A table's new shape goes to the schema topic ahead of its first event (once per

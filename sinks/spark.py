@@ -1,7 +1,7 @@
 """The SparkSession every sink job and test runs on, and the spark-submit command that matches it.
 
 One place decides what Spark gets: the Kafka source and Delta as local jars (never
-Ivy, see `cdc.local.jars`), Delta's SQL extension and catalog, a bigger driver
+Ivy, see `cdc.jars`), Delta's SQL extension and catalog, a bigger driver
 thread stack, quiet local defaults, and a driver that logs as the process starting it
 (sinks.spark_log). This module imports nothing from the capture side (psycopg, the C
 accelerator): executors run the driver's interpreter and must not need them.
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
 
-from cdc.local import jars
-from cdc.local.process import LOCALHOST
+from cdc import jars
+from cdc.machine import LOCALHOST
 from cdc.redact import json_component
 from sinks import spark_log
 

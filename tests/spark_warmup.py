@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cdc.local import jars
+from cdc import jars
 
 ENV = "CDC_SPARK_DRIVER_JAVA_OPTIONS"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"

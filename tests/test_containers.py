@@ -68,7 +68,7 @@ def test_the_sinks_image_runs_as_a_user_with_the_c_accelerator_and_spark_jars_ba
     assert _in_image(sinks_image, "cdc", "--version").strip() == f"cdc {__version__} (C accelerator)"
     assert _in_image(sinks_image, "id", "-un").strip() == "cdc"
     # no network at all: the jars Spark gets are in the image, the very ones it gets here
-    probe = "from cdc.local import jars; print('\\n'.join(sorted(p.name for p in jars.spark_jars())))"
+    probe = "from cdc import jars; print('\\n'.join(sorted(p.name for p in jars.spark_jars())))"
     assert _in_image(sinks_image, "python", "-c", probe).split() == sorted(p.name for p in jars.spark_jars())
     assert _in_image(sinks_image, "sh", "-c", "command -v mvn javac gcc || echo none").split() == ["none"]
 

@@ -32,11 +32,10 @@ def _modules() -> dict[str, ast.Module]:
 MODULES = _modules()
 
 
-def imports_of(module: str) -> set[str]:
-    """Every module `module` imports, at the top or inside a function ("from a import b" counts
-    as a.b too, since b may be a module)."""
+def _imports_at(tree: ast.AST) -> set[str]:
+    """Every module `tree` imports ("from a import b" counts as a.b too, since b may be a module)."""
     found: set[str] = set()
-    for node in ast.walk(MODULES[module]):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -45,13 +44,18 @@ def imports_of(module: str) -> set[str]:
     return found
 
 
+def imports_of(module: str) -> set[str]:
+    """Every module `module` imports, at the top or inside a function."""
+    return _imports_at(MODULES[module])
+
+
 def _under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
 #: the commands on top of every layer: they may import any of them, and no layer imports them
 COMMANDS = ("cdc.daemon", "cdc.cli", "cdc.status", "cdc.top", "cdc.report", "cdc.verify", "cdc.topic_commands", "cdc.__main__")
-#: and the throwaway local services (whose jar cache the Spark session takes its jars from)
+#: and the throwaway local services (the demo's and the tests' servers)
 APP = (*COMMANDS, "cdc.local")
 TOP = (*APP, "snapshot", "compaction", "sinks")
 RULES: dict[str, tuple[str, ...]] = {
@@ -91,6 +95,26 @@ def test_the_rest_of_cdc_is_upstream_of_compaction_and_the_sinks() -> None:
     assert {m: names for m, names in wrong.items() if names} == {}
     assert "cdc.config" in shared
 
+
+
+def test_production_code_takes_nothing_from_the_throwaway_services() -> None:
+    """cdc.local starts servers for the demo and the tests. What a production run needs (the
+    JVM parts a sink job fetches, the machine's loopback address) lives outside it, and a
+    product module reaches into it only from a store's `local()` (its throwaway server) or
+    from `cdc demo`."""
+    wrong: dict[str, list[str]] = {}
+    for module, tree in MODULES.items():
+        if _under(module, ("cdc.local",)):
+            continue
+        allowed: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name in ("local", "demo"):
+                allowed |= _imports_at(node)
+        names = sorted(n for n in imports_of(module) - allowed if _under(n, ("cdc.local",)))
+        if names:
+            wrong[module] = names
+    assert wrong == {}
+    assert "cdc.jars" in MODULES and "cdc.machine" in MODULES
 
 def test_kafka_clients_are_made_in_one_place() -> None:
     """Every Kafka client gets its servers and security from `[topic]` in cdc.kafka (clients,

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
+from cdc import jars
 from cdc.config import TopicConfig
 from cdc.kafka.topics import TopicAdmin
-from cdc.local import jars
 from cdc.local.spark import LocalSparkCluster
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from cdc.local import jars
+from cdc import jars
 from cdc.local.kafka import log4j2_properties
 from cdc.local.process import (
     LOCALHOST,

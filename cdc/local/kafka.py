@@ -15,7 +15,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from cdc.local import jars
+from cdc import jars
 from cdc.local.process import (
     LOCALHOST,
     GroupProcess,

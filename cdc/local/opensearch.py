@@ -21,7 +21,7 @@ import signal
 import urllib.request
 from pathlib import Path
 
-from cdc.local import jars
+from cdc import jars
 from cdc.local.process import (
     LOCALHOST,
     GroupProcess,

@@ -13,7 +13,6 @@ import logging
 import os
 import pwd
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,13 +22,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, Self
 
-LOCALHOST = "127.0.0.1"
+from cdc.machine import LOCALHOST, ServiceUnavailable, require_command
 
 log = logging.getLogger(__name__)
-
-
-class ServiceUnavailable(RuntimeError):
-    """A local service cannot be fetched or started; the message names the fix, on one line."""
 
 
 def free_port() -> int:
@@ -88,14 +83,6 @@ def log_has(path: Path, offset: int, pattern: str) -> bool:
             return re.search(pattern, fh.read().decode("utf-8", "replace")) is not None
     except OSError:
         return False
-
-
-def require_command(name: str, install: str) -> str:
-    """The path of `name` on PATH, or ServiceUnavailable saying how to install it."""
-    path = shutil.which(name)
-    if path is None:
-        raise ServiceUnavailable(f"`{name}` not found: {install}")
-    return path
 
 
 # -- servers that refuse root ---------------------------------------------------------------

@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from cdc.local import jars
+from cdc import jars
 from cdc.local.process import (
     LOCALHOST,
     GroupProcess,

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from cdc.local.process import ServiceUnavailable, require_command
+from cdc.machine import ServiceUnavailable, require_command
 
 #: bundle -> Maven coordinates (group:artifact:version), resolved with their runtime deps
 BUNDLES: dict[str, tuple[str, ...]] = {
