@@ -46,10 +46,11 @@ REBUILDS = 3  # in a row, within one run: a store that keeps losing writes stops
 FIRST_DELAY_S, LAST_DELAY_S = 1.0, 60.0
 #: what a retry may cure, however it reaches the driver (a Python exception of the batch
 #: function, or the text of one an executor or the JVM raised): the broker unreachable or
-#: slow, a block of a batch's stored rows gone (a known Spark pitfall)
+#: slow, a block of a batch's stored rows gone (a known Spark pitfall); each store adds its
+#: own (`Store.transient`: its client's errors)
 TRANSIENT = (
-    "sinks.store.StoreUnavailable", "sinks.opensearch.SearchUnavailable", "org.apache.kafka.common.errors.",
-    "kafka.errors.", "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND",
+    "sinks.store.StoreUnavailable", "org.apache.kafka.common.errors.", "kafka.errors.",
+    "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND",
 )
 TRANSIENT_TYPES = (StoreUnavailable, UnknownVersion, TopicError, TimeoutError, ConnectionError)
 
