@@ -147,9 +147,9 @@ class Warehouse(TableStore):
     query's `history`): its tables, created or evolved; their offset watermarks; their
     compaction; a bookkeeping record under `<root>/_cdc/`."""
 
-    #: Delta's optimistic concurrency lost a race (another writer committed first), and a block
-    #: of the batch's stored source went missing (a known Spark pitfall): both pass on a retry
-    transient = ("io.delta.exceptions.Concurrent", "DELTA_CONCURRENT_", "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND")
+    #: Delta's optimistic concurrency lost a race (another writer committed first): it passes on
+    #: a retry (what every store's retry cures is sinks.runner.TRANSIENT)
+    transient = ("io.delta.exceptions.Concurrent", "DELTA_CONCURRENT_")
 
     def __init__(self, spark: SparkSession, root: str, name: str) -> None:
         self.name = name
