@@ -20,8 +20,8 @@ import orjson
 import pytest
 import redis
 
-from cdc import __version__
-from cdc.local import containers, jars
+from cdc import __version__, jars
+from cdc.local import containers
 from cdc.local.containers import Container
 from cdc.local.process import LOCALHOST, free_port
 from cdc.local.redis import LocalRedis
