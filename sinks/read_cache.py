@@ -9,12 +9,12 @@ marker says where a row went. To be folded into the store (sinks.store) as its r
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
 
-from cdc.config import CacheConfig
+from cdc.config import CacheConfig, Config
 from compaction.canonical import row_values
 from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 from sinks.cache import META, PIPELINE_KEYS, Settings, row_key
@@ -60,3 +60,7 @@ class CacheSide:
 
     def close(self) -> None:
         self.client.close()
+
+
+def side(config: Config, spark: Callable[[], Any]) -> CacheSide:
+    return CacheSide(config.cache)

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc
 
+from cdc.config import Config, ConfigError
 from compaction.canonical import row_values
 from compaction.verify import Digest, Found, Side, TableSpec, digest_of, hashes_of
 from sinks.delta import table_path
@@ -376,3 +377,12 @@ class WarehouseSide:
         """The Spark session is the caller's."""
         if self._rs is not None:
             self._rs.close()
+
+
+def check(config: Config) -> None:
+    if not config.delta.path:
+        raise ConfigError("[delta] path is not set: set it (or CDC_DELTA_PATH), or leave delta out of --stores")
+
+
+def side(config: Config, spark: Callable[[], Any]) -> WarehouseSide:
+    return WarehouseSide(config.delta.path, config.delta.verify_reader, spark)

@@ -10,11 +10,11 @@ into the store (sinks.store) as its read side.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import date, datetime
 from typing import Any
 
-from cdc.config import SearchConfig
+from cdc.config import Config, SearchConfig
 from compaction.canonical import row_values
 from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 from sinks.latest import parse_position
@@ -96,3 +96,7 @@ class SearchSide:
 
     def close(self) -> None:
         self.client.close()
+
+
+def side(config: Config, spark: Callable[[], Any]) -> SearchSide:
+    return SearchSide(config.search)

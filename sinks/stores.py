@@ -5,21 +5,26 @@ store. A store module defines the store (sinks.store) and five functions: `check
 that point at it), `show(config, topics)` (what a reader finds there, a line per row) and
 `counter(config)` (a RowCounter: each table's rows there, cheap enough for `cdc top` to ask
 every few seconds while the job writes); and may define `followers(spark, config)`: stores
-the same process keeps from what the store holds, each by a query of its own.
+the same process keeps from what the store holds, each by a query of its own. Its reader
+module (`Registration.reader`) gives `cdc verify` its side of the store: `side(config, spark)`
+(a compaction.verify.Side; `spark` makes a Spark session only if the side needs one), and may
+define `check(config)`: the settings the side needs, checked before verify reads anything.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdc.config import Config, ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from compaction.verify import Side
     from sinks.store import RowCounter, Store
 
 
@@ -27,6 +32,8 @@ if TYPE_CHECKING:
 class Registration:
     name: str
     module: str
+    #: the module of `cdc verify`'s side of the store
+    reader: str
     #: the `[section]` of the config file with the store's settings
     section: str
     #: what the store is, for `cdc sink --help`
@@ -39,13 +46,13 @@ class Registration:
 
 
 STORES: dict[str, Registration] = {r.name: r for r in (
-    Registration("delta", "sinks.delta", "delta", "the Delta warehouse under [delta] path",
+    Registration("delta", "sinks.delta", "sinks.read_delta_rs", "delta", "the Delta warehouse under [delta] path",
                  "a Delta warehouse: current/ (the tables now), changes (every event, one log) and history/ (every "
                  "version)"),
-    Registration("search", "sinks.search", "search", "the OpenSearch index at [search] url",
+    Registration("search", "sinks.search", "sinks.read_search", "search", "the OpenSearch index at [search] url",
                  "OpenSearch, an index per table behind an alias named after its topic, _id = the key's JSON, "
                  "_source = the row"),
-    Registration("cache", "sinks.cache", "cache", "the Redis cache at [cache] url",
+    Registration("cache", "sinks.cache", "sinks.read_cache", "cache", "the Redis cache at [cache] url",
                  "Redis, GET <topic>:<key JSON> = the row"),
 )}
 
@@ -60,6 +67,19 @@ def registration(name: str) -> Registration:
 def check(name: str, config: Config) -> None:
     """The store's settings and its server, before any Spark starts."""
     registration(name).load().check(config)
+
+
+def check_reader(name: str, config: Config) -> None:
+    """The settings `cdc verify`'s side of the store needs, before it reads anything."""
+    check_settings = getattr(importlib.import_module(registration(name).reader), "check", None)
+    if check_settings is not None:
+        check_settings(config)
+
+
+def reader(name: str, config: Config, spark: Callable[[], Any]) -> Side:
+    """`cdc verify`'s side of the store (`spark` makes a Spark session, if the side needs one)."""
+    side: Side = importlib.import_module(registration(name).reader).side(config, spark)
+    return side
 
 
 def build(name: str, spark: SparkSession, config: Config) -> Store:

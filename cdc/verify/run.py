@@ -30,10 +30,11 @@ from cdc.source.replication import format_lsn
 from cdc.verify.postgres import SourceSide, SourceTable
 from compaction.verify import EXAMPLES, Digest, Outcome, Side, candidates, differing, example, judge
 from compaction.verify_topic import TopicSide
+from sinks import stores as registry
+from sinks.progress import read_progress
 
 log = logging.getLogger(__name__)
 
-READ_SIDES = {"delta": "sinks.read_delta", "search": "sinks.read_search", "cache": "sinks.read_cache"}
 ROUNDS = 3  # looks again at differing keys, each at a newer snapshot
 IDLE_S = 10.0  # a slot without a walsender this long: its daemon is not running
 RECHECK_LIMIT = 10000  # differing keys per table and side looked at again (beyond: reported as found)
@@ -190,30 +191,14 @@ class _Waiter:
 
 def _sides(config: Config, stores: list[str] | None) -> tuple[list[str], list[str]]:
     """The stores to compare: those asked for, or those whose sink has recorded progress."""
-    from sinks.progress import read_progress
-
-    ran = [s for s in READ_SIDES if s in read_progress(config.topic)]
+    ran = [s for s in registry.STORES if s in read_progress(config.topic)]
     chosen = ran if stores is None else stores
-    unknown = [s for s in chosen if s not in READ_SIDES]
+    unknown = [s for s in chosen if s not in registry.STORES]
     if unknown:
-        raise ConfigError(f"unknown store {unknown[0]!r} in --stores: use {', '.join(READ_SIDES)}")
-    if "delta" in chosen and not config.delta.path:
-        raise ConfigError("[delta] path is not set: set it (or CDC_DELTA_PATH), or leave delta out of --stores")
+        raise ConfigError(f"unknown store {unknown[0]!r} in --stores: use {', '.join(registry.STORES)}")
+    for name in chosen:
+        registry.check_reader(name, config)
     return chosen, ran
-
-
-def _store_side(name: str, config: Config, spark: Callable[[], Any]) -> Side:
-    if name == "cache":
-        from sinks.read_cache import CacheSide
-
-        return CacheSide(config.cache)
-    if name == "search":
-        from sinks.read_search import SearchSide
-
-        return SearchSide(config.search)
-    from sinks.read_delta_rs import WarehouseSide
-
-    return WarehouseSide(config.delta.path, config.delta.verify_reader, spark)
 
 
 def verify(config: Config, patterns: list[str], stores: list[str] | None, timeout_s: float,
@@ -236,7 +221,7 @@ def verify(config: Config, patterns: list[str], stores: list[str] | None, timeou
         waiter = _Waiter(config, source, topic, timeout_s)
         sides: list[Side] = [topic]
         for name in chosen:
-            made.append(_store_side(name, config, spark or _local_spark(config)))
+            made.append(registry.reader(name, config, spark or _local_spark(config)))
             sides.append(made[-1])
         report = Report(lsn, [s.name for s in sides])
         late = waiter.topics(lsn)
