@@ -836,6 +836,18 @@ def test_tail_needs_one_table(config_for):
     )
 
 
+def test_verify_store_mistakes(config_for):
+    """`cdc verify --stores` knows the registered stores and what each side needs, before it
+    reads anything."""
+    config = str(config_for(["public.*"]))
+    assert refused(cdc("verify", "--stores", "warehouse", "--config", config, timeout=60)) == (
+        "unknown store 'warehouse' in --stores: use delta, search, cache"
+    )
+    assert refused(cdc("verify", "--stores", "cache,delta", "--config", config, timeout=60)) == (
+        "[delta] path is not set: set it (or CDC_DELTA_PATH), or leave delta out of --stores"
+    )
+
+
 # ------------------------------------------------------------------ 11. help
 
 
