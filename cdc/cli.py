@@ -17,6 +17,7 @@ import orjson
 from cdc import __version__, accel
 from cdc.config import Config, ConfigError, as_dict, load, secrets_of, settings_markdown
 from cdc.redact import redact, setup_logging
+from sinks.stores import STORES, Registration
 
 CONFIG_HELP = "TOML config file; every key can be overridden by CDC_<SECTION>_<KEY> environment variables."
 
@@ -68,7 +69,7 @@ def _component(config: Config, params: dict[str, Any]) -> tuple[str, str]:
     name = ctx.command.name or "cdc"
     if name == "sink":
         return f"sink-{params.get('store')}", config.spark.log_format
-    if ctx.parent is not None and ctx.parent.command.name in ("search", "cache", "delta") and name == "rebuild":
+    if ctx.parent is not None and ctx.parent.command.name in STORES and name == "rebuild":
         return f"{ctx.parent.command.name}-rebuild", config.spark.log_format
     return ("daemon" if name in ("run", "snapshot") else name), config.daemon.log_format
 
@@ -527,28 +528,6 @@ def rebuild_history(config: Config) -> None:
             click.echo(f"{table}: {versions} versions")
 
 
-@delta.command("rebuild")
-@click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
-@_with_config
-def delta_rebuild(config: Config, in_driver: bool) -> None:
-    """Fill every table's current/ again from the topics in a folder of its own, then
-    replace each table's rows in one commit: readers read the version before it until
-    then (time travel keeps it). changes/ and history/ are not the topics' to restore
-    (see rebuild-history). A running `cdc sink delta` goes on, paused between two of its
-    batches for the switch; on [spark] master = spark://... it runs on the cluster."""
-    from sinks.batch import TypeConflict
-    from sinks.query import StopSignal
-    from sinks.rebuild import rebuild_delta_here
-    from sinks.store import SinkStopped
-
-    _on_the_cluster(config, "delta", ["delta", "rebuild"], in_driver)
-    try:
-        switched = rebuild_delta_here(config, StopSignal())
-    except (SinkStopped, TypeConflict) as exc:
-        _fail(str(exc))
-    click.echo(f"delta rebuild: {len(switched)} tables of current/ replaced, {sum(n for _, n in switched)} rows")
-
-
 @delta.command()
 @_with_config
 def migrate(config: Config) -> None:
@@ -563,59 +542,34 @@ def migrate(config: Config) -> None:
                    f"delta migrate: nothing to move, {store.log} is the change log already")
 
 
-@main.group()
-def search() -> None:
-    """Maintain the search index at [search] url."""
+def _rebuild_command(store: Registration) -> click.Command:
+    """`cdc <store> rebuild`, the same verb for every registered store."""
+
+    @click.command("rebuild", help=store.rebuilds)
+    @click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
+    @_with_config
+    def rebuild(config: Config, in_driver: bool) -> None:
+        from sinks.batch import TypeConflict
+        from sinks.query import StopSignal
+        from sinks.store import SinkStopped
+        from sinks.stores import rebuild as rebuild_store
+
+        _on_the_cluster(config, store.name, [store.name, "rebuild"], in_driver)
+        try:
+            lines = rebuild_store(store.name, config, StopSignal())
+        except (SinkStopped, TypeConflict) as exc:
+            _fail(str(exc))
+        for line in lines:
+            click.echo(line)
+
+    return rebuild
 
 
-@search.command()
-@click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
-@_with_config
-def rebuild(config: Config, in_driver: bool) -> None:
-    """Fill every table's index again from the topics, beside the current one, then swap
-    the aliases in one step and drop the old indexes: readers never see an index missing
-    or half full. Adopts new mappings (a column whose type changed). A running
-    `cdc sink search` may go on; on [spark] master = spark://... it runs on the cluster."""
-    from sinks.batch import TypeConflict
-    from sinks.query import StopSignal
-    from sinks.rebuild import rebuild_search_here
-    from sinks.store import SinkStopped
-
-    _on_the_cluster(config, "search", ["search", "rebuild"], in_driver)
-    try:
-        moved = rebuild_search_here(config, StopSignal())
-    except (SinkStopped, TypeConflict) as exc:
-        _fail(str(exc))
-    for alias, old, new, documents in moved:
-        click.echo(f"{alias}: {', '.join(old) or 'no index'} -> {new} ({documents} documents)")
-    click.echo(f"search rebuild: {len(moved)} indexes swapped")
-
-
-@main.group()
-def cache() -> None:
-    """Maintain the Redis cache at [cache] url."""
-
-
-@cache.command("rebuild")
-@click.option("--in-driver", is_flag=True, hidden=True)  # set by the spark-submit line the command builds
-@_with_config
-def cache_rebuild(config: Config, in_driver: bool) -> None:
-    """Fill the cache again from the topics into another Redis database ([cache]
-    rebuild_db), then swap it in with SWAPDB and flush the old one: GET readers never see
-    the cache missing or half full. A running `cdc sink cache` may go on; on [spark]
-    master = spark://... it runs on the cluster."""
-    from sinks.batch import TypeConflict
-    from sinks.query import StopSignal
-    from sinks.rebuild import rebuild_cache_here
-    from sinks.store import SinkStopped
-
-    _on_the_cluster(config, "cache", ["cache", "rebuild"], in_driver)
-    try:
-        rebuilt, live, rows = rebuild_cache_here(config, StopSignal())
-    except (SinkStopped, TypeConflict) as exc:
-        _fail(str(exc))
-    click.echo(f"cache rebuild: database {rebuilt} swapped in as database {live}, {len(rows)} tables, "
-               f"{sum(rows.values())} rows")
+for _store in STORES.values():  # each store's group of verbs (`cdc delta` has more), with its rebuild
+    _group = main.commands.get(_store.name)
+    if not isinstance(_group, click.Group):
+        _group = main.group(_store.name, help=f"Maintain {_store.what}.")(lambda: None)
+    _group.add_command(_rebuild_command(_store))
 
 
 def _warehouse(config: Config, conf: dict[str, str] | None = None) -> Any:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
@@ -40,6 +40,9 @@ from sinks.json_columns import compact_json
 from sinks.rows import CHUNK_KEYS, Rejected, RowStore, RowWriter
 from sinks.store import StoreUnavailable
 from sinks.versions import Registry
+
+if TYPE_CHECKING:
+    from sinks.query import StopSignal
 
 log = logging.getLogger(__name__)
 
@@ -415,6 +418,14 @@ def check(config: Config) -> None:
 
 def build(spark: SparkSession, config: Config) -> CacheStore:
     return CacheStore(config.cache, config.topic.prefix)
+
+
+def rebuild(config: Config, stop: StopSignal) -> list[str]:
+    from sinks.rebuild import rebuild_cache_here
+
+    rebuilt, live, rows = rebuild_cache_here(config, stop)
+    return [f"cache rebuild: database {rebuilt} swapped in as database {live}, {len(rows)} tables, "
+            f"{sum(rows.values())} rows"]
 
 
 def local(workdir: Path) -> tuple[Any, dict[str, str]]:

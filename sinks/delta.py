@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from delta.tables import DeltaTable
@@ -61,6 +61,9 @@ from sinks.batch import UNAVAILABLE, TableBatch, TypeConflict
 from sinks.envelope import CHANGE_COLUMNS
 from sinks.handover import LiveSide
 from sinks.store import SinkStopped, TableStore, Truncate
+
+if TYPE_CHECKING:
+    from sinks.query import StopSignal
 
 log = logging.getLogger(__name__)
 
@@ -471,6 +474,13 @@ def check(config: Config) -> None:
 
 def build(spark: SparkSession, config: Config) -> DeltaStore:
     return DeltaStore(spark, config.delta.path)
+
+
+def rebuild(config: Config, stop: StopSignal) -> list[str]:
+    from sinks.rebuild import rebuild_delta_here
+
+    switched = rebuild_delta_here(config, stop)
+    return [f"delta rebuild: {len(switched)} tables of current/ replaced, {sum(n for _, n in switched)} rows"]
 
 
 def followers(spark: SparkSession, config: Config) -> list[TableStore]:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
@@ -53,6 +53,9 @@ from sinks.search_shapes import (
 )
 from sinks.store import SinkStopped, StoreLost
 from sinks.versions import Registry, Version
+
+if TYPE_CHECKING:
+    from sinks.query import StopSignal
 
 log = logging.getLogger(__name__)
 
@@ -506,6 +509,14 @@ def check(config: Config) -> None:
 
 def build(spark: SparkSession, config: Config) -> SearchStore:
     return SearchStore(config.search, config.topic.prefix)
+
+
+def rebuild(config: Config, stop: StopSignal) -> list[str]:
+    from sinks.rebuild import rebuild_search_here
+
+    moved = rebuild_search_here(config, stop)
+    return [*(f"{alias}: {', '.join(old) or 'no index'} -> {new} ({documents} documents)"
+              for alias, old, new, documents in moved), f"search rebuild: {len(moved)} indexes swapped"]
 
 
 def local(workdir: Path) -> tuple[Any, dict[str, str]]:

@@ -1,10 +1,11 @@
 """The stores a sink job keeps, one line each: `cdc sink <name>` runs the job of the module's
-store. A store module defines the store (sinks.store) and five functions: `check(config)`
+store. A store module defines the store (sinks.store) and six functions: `check(config)`
 (its settings and its server, before any Spark starts: one line naming the fix),
 `build(spark, config)`, `local(workdir)` (a throwaway server for the demo, and the settings
 that point at it), `show(config, topics)` (what a reader finds there, a line per row) and
 `counter(config)` (a RowCounter: each table's rows there, cheap enough for `cdc top` to ask
-every few seconds while the job writes); and may define `followers(spark, config)`: stores
+every few seconds while the job writes) and `rebuild(config, stop)` (`cdc <name> rebuild`: the
+store filled again beside the one readers use, then switched; the lines it prints); and may define `followers(spark, config)`: stores
 the same process keeps from what the store holds, each by a query of its own. Its reader
 module (`Registration.reader`) gives `cdc verify` its side of the store: `side(config, spark)`
 (a compaction.verify.Side; `spark` makes a Spark session only if the side needs one), and may
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from compaction.verify import Side
+    from sinks.query import StopSignal
     from sinks.store import RowCounter, Store
 
 
@@ -40,6 +42,8 @@ class Registration:
     what: str
     #: what the job makes of the topics there, for `cdc demo`
     story: str
+    #: what `cdc <name> rebuild` does, for its --help (the module's `rebuild(config, stop)`)
+    rebuilds: str
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -48,12 +52,25 @@ class Registration:
 STORES: dict[str, Registration] = {r.name: r for r in (
     Registration("delta", "sinks.delta", "sinks.read_delta_rs", "delta", "the Delta warehouse under [delta] path",
                  "a Delta warehouse: current/ (the tables now), changes (every event, one log) and history/ (every "
-                 "version)"),
+                 "version)",
+                 "Fill every table's current/ again from the topics in a folder of its own, then replace each "
+                 "table's rows in one commit: readers read the version before it until then (time travel keeps "
+                 "it). changes/ and history/ are not the topics' to restore (see rebuild-history). A running "
+                 "`cdc sink delta` goes on, paused between two of its batches for the switch; on [spark] master = "
+                 "spark://... it runs on the cluster."),
     Registration("search", "sinks.search", "sinks.read_search", "search", "the OpenSearch index at [search] url",
                  "OpenSearch, an index per table behind an alias named after its topic, _id = the key's JSON, "
-                 "_source = the row"),
+                 "_source = the row",
+                 "Fill every table's index again from the topics, beside the current one, then swap the aliases "
+                 "in one step and drop the old indexes: readers never see an index missing or half full. Adopts "
+                 "new mappings (a column whose type changed). A running `cdc sink search` may go on; on [spark] "
+                 "master = spark://... it runs on the cluster."),
     Registration("cache", "sinks.cache", "sinks.read_cache", "cache", "the Redis cache at [cache] url",
-                 "Redis, GET <topic>:<key JSON> = the row"),
+                 "Redis, GET <topic>:<key JSON> = the row",
+                 "Fill the cache again from the topics into another Redis database ([cache] rebuild_db), then "
+                 "swap it in with SWAPDB and flush the old one: GET readers never see the cache missing or half "
+                 "full. A running `cdc sink cache` may go on; on [spark] master = spark://... it runs on the "
+                 "cluster."),
 )}
 
 
@@ -80,6 +97,13 @@ def reader(name: str, config: Config, spark: Callable[[], Any]) -> Side:
     """`cdc verify`'s side of the store (`spark` makes a Spark session, if the side needs one)."""
     side: Side = importlib.import_module(registration(name).reader).side(config, spark)
     return side
+
+
+def rebuild(name: str, config: Config, stop: StopSignal) -> list[str]:
+    """`cdc <name> rebuild`: the store filled again beside the one readers use, then switched
+    (sinks.rebuild); what it did, a line each, the last its summary."""
+    lines: list[str] = registration(name).load().rebuild(config, stop)
+    return lines
 
 
 def build(name: str, spark: SparkSession, config: Config) -> Store:

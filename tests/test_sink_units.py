@@ -728,3 +728,17 @@ def test_a_lease_or_a_request_found_gone_for_one_look_still_counts(spark, tmp_pa
     assert not in_the_gap and not went_on.is_set(), "a held job went on during the switch"
     rebuild.release()
     assert went_on.wait(10)
+
+
+def test_every_registered_store_has_the_rebuild_verb_with_its_help() -> None:
+    """`cdc <store> rebuild` is made from the registry (sinks.stores), one verb for every store."""
+    from click.testing import CliRunner
+
+    from cdc.cli import main
+    from sinks.stores import STORES
+
+    for store in STORES.values():
+        shown = CliRunner().invoke(main, [store.name, "rebuild", "--help"])
+        assert shown.exit_code == 0, shown.output
+        assert " ".join(store.rebuilds.split()) in " ".join(shown.output.split())
+        assert callable(store.load().rebuild)
