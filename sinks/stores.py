@@ -4,9 +4,10 @@ store. A store module defines the store (sinks.store) and six functions: `check(
 `build(spark, config)`, `local(workdir)` (a throwaway server for the demo, and the settings
 that point at it), `show(config, topics)` (what a reader finds there, a line per row) and
 `counter(config)` (a RowCounter: each table's rows there, cheap enough for `cdc top` to ask
-every few seconds while the job writes) and `rebuild(config, stop)` (`cdc <name> rebuild`: the
-store filled again beside the one readers use, then switched; the lines it prints); and may define `followers(spark, config)`: stores
-the same process keeps from what the store holds, each by a query of its own. Its reader
+every few seconds while the job writes) and `rebuild(config, stop)` (`cdc <name> rebuild`:
+the store filled again beside the one readers use, then switched; the lines it prints); and
+may define `followers(spark, config)`: stores the same process keeps from what the store
+holds, each by a query of its own. Its reader
 module (`Registration.reader`) gives `cdc verify` its side of the store: `side(config, spark)`
 (a compaction.verify.Side; `spark` makes a Spark session only if the side needs one), and may
 define `check(config)`: the settings the side needs, checked before verify reads anything.
