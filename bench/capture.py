@@ -435,7 +435,7 @@ class Bench:
         self.log(f"PostgreSQL on port {self.pg.port}")
         self.sql(CREATE_TABLE)
         self.sql(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE} WITH (publish_via_partition_root = true)")
-        self.broker = LocalKafka(self.workdir / "kafka").start()
+        self.broker = LocalKafka(self.workdir / "kafka", full_jit=True).start()
         self.log(f"Apache Kafka {KAFKA_VERSION} on {self.broker.bootstrap_servers}, JVM pid {self.broker.pid}")
 
     def setup(self) -> None:

@@ -236,7 +236,7 @@ class DebeziumBench:
         self.pg = LocalPostgres(self.workdir / "pg", settings=capture.PG_SETTINGS).start()
         self.sql(capture.CREATE_TABLE)
         self.sql(f"CREATE PUBLICATION {capture.PUBLICATION} FOR TABLE {TABLE}")
-        self.broker = LocalKafka(self.workdir / "kafka").start()
+        self.broker = LocalKafka(self.workdir / "kafka", full_jit=True).start()
         self.connect = LocalKafkaConnect(self.workdir / "connect", self.servers, worker=WORKER, heap="1g").start()
         self.log(f"PostgreSQL {self.pg.port}, Kafka {self.servers}, Connect {self.connect.url}")
         self.insert(self.args.snapshot_rows)

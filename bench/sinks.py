@@ -462,7 +462,7 @@ class SearchBench(StoreBench):
         from sinks.search_shapes import alias_name
 
         if self.node is None:
-            self.node = LocalOpenSearch(run_dir.parent / "opensearch").start()
+            self.node = LocalOpenSearch(run_dir.parent / "opensearch", full_jit=True).start()
         if run_dir not in self.run_dirs:  # a new run: a new store (the freshness phase reuses the last)
             self.run_dirs.add(run_dir)
             client = Endpoint(self.node.url).client()
@@ -712,7 +712,7 @@ class SinksBench(Bench):
         names = ", ".join([*self.tables, FRESH_TABLE])
         self.sql(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {names}")
         self.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (SLOT,))
-        self.broker = LocalKafka(self.workdir / "kafka").start()
+        self.broker = LocalKafka(self.workdir / "kafka", full_jit=True).start()
         self.log(f"Apache Kafka on {self.broker.bootstrap_servers}, JVM pid {self.broker.pid}")
 
     def config(self, name: str, store: StoreBench | None = None, **spark: Any) -> Path:

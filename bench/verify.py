@@ -107,8 +107,8 @@ class Bench:
         a = self.args
         log(f"work dir {self.work}")
         self.pg = LocalPostgres(self.work / "pg", settings=PG_SETTINGS).start()
-        self.kafka = LocalKafka(self.work / "kafka").start()
-        self.search = LocalOpenSearch(self.work / "opensearch").start()
+        self.kafka = LocalKafka(self.work / "kafka", full_jit=True).start()
+        self.search = LocalOpenSearch(self.work / "opensearch", full_jit=True).start()
         self.redis = LocalRedis(self.work / "redis").start()
         self.services = [self.redis, self.search, self.kafka, self.pg]
         with psycopg.connect(self.pg.dsn(), autocommit=True) as conn:

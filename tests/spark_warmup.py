@@ -21,12 +21,11 @@ import sys
 from pathlib import Path
 
 from cdc import jars
+from cdc.local.process import QUICK_JIT
 
 ENV = "CDC_SPARK_DRIVER_JAVA_OPTIONS"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-# C1 only; its code cache defaults to 48 MB then, which a sink job fills within a minute (the
-# JVM then stops compiling and crawls): the tiered default back.
-JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+JIT = QUICK_JIT  # C1 only, with the tiered code cache
 
 
 def archive_path() -> Path:

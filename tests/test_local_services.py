@@ -16,8 +16,9 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
 from cdc.local.kafka import LocalKafka
+from cdc.local.opensearch import LocalOpenSearch
 from cdc.local.postgres import LocalPostgres
-from cdc.local.process import GroupProcess, ServerProcess
+from cdc.local.process import QUICK_JIT, GroupProcess, ServerProcess
 
 # --------------------------------------------------------------------------- PostgreSQL
 
@@ -119,6 +120,32 @@ def test_broker_is_apache_kafka_with_the_log_cleaner_on(broker: LocalKafka | Non
     assert configs["process.roles"] == "broker,controller"  # KRaft: no ZooKeeper
     if broker is not None:
         assert broker.running and "Kafka Server started" in broker.log_path.read_text()
+
+
+def java_command_lines(group: int) -> list[list[str]]:
+    """The command lines of the `java` processes in a process group (a server's JVMs)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue
+        if stat[stat.index("(") + 1:stat.rindex(")")] == "java" and int(stat.rsplit(")", 1)[1].split()[2]) == group:
+            found.append([arg.decode() for arg in argv])
+    return found
+
+
+def test_throwaway_jvms_run_c1_only_and_a_bench_gets_the_full_jit(
+    broker: LocalKafka | None, opensearch: LocalOpenSearch, tmp_path: Path
+) -> None:
+    servers = [opensearch] if broker is None else [broker, opensearch]
+    for server in servers:
+        assert server.pid is not None
+        (argv,) = java_command_lines(server.pid)
+        assert all(flag in argv for flag in QUICK_JIT.split()), argv
+    assert all(flag in LocalKafka(tmp_path)._java("kafka.Kafka") for flag in QUICK_JIT.split())
+    assert not {"-XX:TieredStopAtLevel=1"} & set(LocalKafka(tmp_path, full_jit=True)._java("kafka.Kafka"))
 
 
 def topic_config(admin: KafkaAdminClient, topic: str) -> dict[str, str]:

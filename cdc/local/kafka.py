@@ -22,6 +22,7 @@ from cdc.local.process import (
     ServerProcess,
     ServiceUnavailable,
     free_port,
+    jit_options,
 )
 
 
@@ -67,7 +68,8 @@ class LocalKafka(ServerProcess):
 
     Layout: ``<data_dir>/logs`` (log.dirs), ``server.properties`` and
     ``log4j2.properties`` (rewritten on every start), ``broker.log``. `settings`
-    add to or override the broker's properties (e.g. ``log.cleaner.backoff.ms``).
+    add to or override the broker's properties (e.g. ``log.cleaner.backoff.ms``). Its JVMs
+    run C1 only (`jit_options`) unless `full_jit`.
     Ready once it logged ``Kafka Server started`` and answers a metadata request.
     """
 
@@ -102,10 +104,12 @@ class LocalKafka(ServerProcess):
         sasl_users: dict[str, str] | None = None,
         tls: bool = False,
         stop_at_exit: bool = True,
+        full_jit: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
         self._auto_port = port is None
         self.port: int = port if port is not None else free_port()
+        self.full_jit = full_jit
         self.controller_port: int = free_port()
         self.sasl_users = sasl_users or {}
         self.sasl_port: int | None = free_port() if self.sasl_users else None
@@ -206,6 +210,7 @@ class LocalKafka(ServerProcess):
             "-Xms128m",
             "-Xmx" + heap,
             "-XX:+UseG1GC",
+            *jit_options(self.full_jit),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             "-cp",

@@ -27,6 +27,7 @@ from cdc.local.process import (
     GroupProcess,
     ServerProcess,
     free_port,
+    jit_options,
     reachable_dir,
     run_as,
     system_user,
@@ -54,7 +55,8 @@ class LocalOpenSearch(ServerProcess):
     the server user cannot read the cached home (it sits under /root), ``home``: a
     hard-linked, root-owned view of it. When that user cannot reach ``data_dir``
     (pytest's tmp root is mode 0700), ``server`` is a symlink to a ``cdc-localos-*``
-    directory under /tmp, which `close` deletes. Ready once the cluster is yellow.
+    directory under /tmp, which `close` deletes. Ready once the cluster is yellow. Its JVM
+    runs C1 only (`jit_options`) unless `full_jit`.
     """
 
     NAME = "OpenSearch"
@@ -63,9 +65,10 @@ class LocalOpenSearch(ServerProcess):
     START_TIMEOUT_S = 240.0  # ~12 s on a quiet machine; minutes when other JVMs are busy
 
     def __init__(
-        self, data_dir: str | Path, port: int | None = None, *, stop_at_exit: bool = True
+        self, data_dir: str | Path, port: int | None = None, *, stop_at_exit: bool = True, full_jit: bool = False
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
+        self.full_jit = full_jit
         self._auto_port = port is None
         self.port: int = port if port is not None else free_port()
         self.transport_port: int = free_port()
@@ -145,7 +148,7 @@ class LocalOpenSearch(ServerProcess):
             **os.environ,
             "OPENSEARCH_JAVA_HOME": str(java_home),
             "OPENSEARCH_PATH_CONF": str(config),
-            "OPENSEARCH_JAVA_OPTS": JAVA_OPTS,
+            "OPENSEARCH_JAVA_OPTS": " ".join([JAVA_OPTS, *jit_options(self.full_jit)]),
             "OPENSEARCH_TMPDIR": str(server / "tmp"),
         }
         return GroupProcess([str(home / "bin" / "opensearch")], self.log_path, cwd=server, **run_as(user, env))
