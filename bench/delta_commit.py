@@ -9,7 +9,7 @@ text, numeric(12,2), timestamptz, bool, int, with `current/`'s metadata columns)
 --rows rows in 4 files, then writes --warmup and then --commits small batches of --changes
 changes each (half new keys, half updates of stored keys) with the variant's writer:
 
-- `spark` variants: the sink's own `current` write (sinks.delta.DeltaStore._current: the
+- `spark` variants: the sink's own `current` write (sinks.stores.delta.DeltaStore._current: the
   position-guarded MERGE) under the variant's session settings;
 - `delta-rs`: the same batch handed to the driver as Arrow (`DataFrame.toArrow`) and merged
   by delta-rs (`deltalake.DeltaTable.merge`, the same conditions), no Spark job but the collect.
@@ -95,8 +95,8 @@ def child(args: argparse.Namespace) -> None:
     from pyspark.sql import functions as F
 
     from sinks.batch import UNAVAILABLE, TableBatch
-    from sinks.delta import DeltaStore, table_path
     from sinks.spark import build_session
+    from sinks.stores.delta import DeltaStore, table_path
 
     conf = dict(VARIANTS[args.variant])
     if args.jfr:

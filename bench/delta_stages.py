@@ -13,10 +13,10 @@ job's own code on it, timing the CPU of its process group (Python and JVM) per s
 
 - decode: each table's rows decoded with its table version and stored
   (sinks.batch.decode_table, as sinks.pipeline.SinkJob._decode);
-- current: each table's `current` MERGE (sinks.delta.DeltaStore._current), the last change
+- current: each table's `current` MERGE (sinks.stores.delta.DeltaStore._current), the last change
   per key included;
-- change log: the batch's one append (sinks.delta.DeltaStore.after_tables);
-- history: each table's `history` MERGE (sinks.delta_history.HistoryStore._history), which
+- change log: the batch's one append (sinks.stores.delta.DeltaStore.after_tables);
+- history: each table's `history` MERGE (sinks.stores.delta.history.HistoryStore._history), which
   the history query makes over its own batches (here one per job batch).
 
 The first batch is reported apart (the JIT compiles most of Spark's and Delta's code then);
@@ -74,11 +74,11 @@ def child(variant: str, changes: int, tables: int, batches: int, inserts: float,
     """One variant's run, reporting `MARK {json}` lines on stdout."""
     from pyspark.sql import functions as F
 
-    from sinks import delta_history
     from sinks.batch import decode_table, table_batch
-    from sinks.delta import DeltaStore
-    from sinks.delta_history import HistoryStore
     from sinks.spark import build_session
+    from sinks.stores.delta import DeltaStore
+    from sinks.stores.delta import history as delta_history
+    from sinks.stores.delta.history import HistoryStore
     from sinks.versions import ColumnShape, Registry, Version
 
     spark = build_session("bench-delta-stages", conf=VARIANTS[variant])

@@ -37,7 +37,7 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    The cache gets a Redis started here, a database per run; the search index an
    OpenSearch started here, the prefix's indexes deleted before each run.
    After the search apply run (unless --skip-rebuild): `cdc search rebuild` over the
-   index it filled (sinks.runner.rebuild_search_here, in a child, timed the same way):
+   index it filled (sinks.stores.search.generations.rebuild_here, in a child, timed the same way):
    every record read again into new indexes, the swap, one more pass, the old ones dropped.
    Phases 2 and 3 run once per --max-offsets value; the ratio is apply (or rebuild) /
    ceiling at the same value.
@@ -293,7 +293,7 @@ class DeltaBench(StoreBench):
 
     def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
         from cdc.config import load as load_config
-        from sinks.delta import log_path, table_path
+        from sinks.stores.delta import log_path, table_path
 
         root = load_config(str(config_path)).delta.path
         out: dict[str, Any] = {}
@@ -317,7 +317,7 @@ class DeltaBench(StoreBench):
 
     def marker_table(self, config_path: str, view: str) -> str:
         from cdc.config import load as load_config
-        from sinks.delta import table_path
+        from sinks.stores.delta import table_path
 
         return table_path(load_config(config_path).delta.path, view, topic_name(PREFIX, "public", FRESH_TABLE))
 
@@ -355,7 +355,7 @@ class TextbookBench(DeltaBench):
 
     def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
         from cdc.config import load as load_config
-        from sinks.delta import table_path
+        from sinks.stores.delta import table_path
 
         root = load_config(str(config_path)).delta.path
         total = 0
@@ -402,8 +402,8 @@ class CacheBench(StoreBench):
 
     def write_alone(self, config_path: Path, rows: list[Any], registry: Any) -> None:
         from cdc.config import load as load_config
-        from sinks.cache import CacheStore
         from sinks.rows import PartitionWriter
+        from sinks.stores.cache import CacheStore
 
         store = CacheStore(load_config(str(config_path)).cache, PREFIX)
         store.open(resumed=False)
@@ -458,8 +458,8 @@ class SearchBench(StoreBench):
 
     def sections(self, run_dir: Path) -> dict[str, dict[str, Any]]:
         from cdc.local.opensearch import LocalOpenSearch
-        from sinks.opensearch import Endpoint
-        from sinks.search_shapes import alias_name
+        from sinks.stores.search.opensearch import Endpoint
+        from sinks.stores.search.shapes import alias_name
 
         if self.node is None:
             self.node = LocalOpenSearch(run_dir.parent / "opensearch", full_jit=True).start()
@@ -479,11 +479,11 @@ class SearchBench(StoreBench):
         return self.node.pid if self.node is not None else None
 
     def write_alone(self, config_path: Path, rows: list[Any], registry: Any) -> None:
-        """The job's indexes (sinks.search.SearchStore), the executors' writer, then the refresh
+        """The job's indexes (sinks.stores.search.SearchStore), the executors' writer, then the refresh
         the job makes after each batch."""
         from cdc.config import load as load_config
         from sinks.rows import PartitionWriter
-        from sinks.search import SearchStore
+        from sinks.stores.search import SearchStore
 
         store = SearchStore(load_config(str(config_path)).search, PREFIX)
         store.open(resumed=False)
@@ -497,12 +497,12 @@ class SearchBench(StoreBench):
     @staticmethod
     def _client(config_path: str) -> Any:
         from cdc.config import load as load_config
-        from sinks.opensearch import Endpoint
+        from sinks.stores.search.opensearch import Endpoint
 
         return Endpoint.of(load_config(config_path).search).client()
 
     def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
-        from sinks.search_shapes import alias_name
+        from sinks.stores.search.shapes import alias_name
 
         client = self._client(str(config_path))
         client.ok("POST", "/_refresh")
@@ -514,7 +514,7 @@ class SearchBench(StoreBench):
     def visible(self, config_path: str, base: int, _view: str) -> Any:
         """A search for the next markers by _id: visible means searchable (refreshed), not
         merely stored."""
-        from sinks.search_shapes import alias_name
+        from sinks.stores.search.shapes import alias_name
 
         client = self._client(config_path)
         alias = alias_name(topic_name(PREFIX, "public", FRESH_TABLE))
@@ -1559,7 +1559,7 @@ def measured_delta(spark: Any, config: Any) -> Any:
     """The Delta store, measured: the child's CPU (its process group: the driver and the JVM)
     and time from a batch's first store write to the bookkeeping written after its writes.
     The job has decoded and stored the batch's rows by then, so this is the writes alone."""
-    from sinks.delta import DeltaStore
+    from sinks.stores.delta import DeltaStore
 
     class StoreCpu(DeltaStore):
         seconds = cpu_s = 0.0
@@ -1600,7 +1600,7 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--driver-memory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for name in ("sinks.delta", "sinks.pipeline", "sinks.delta_history"):
+    for name in ("sinks.stores.delta", "sinks.pipeline", "sinks.stores.delta.history"):
         logging.getLogger(name).setLevel(logging.DEBUG)  # seconds per table kind and batch
     try:
         from cdc.config import load as load_config
@@ -1644,7 +1644,7 @@ def child_main(argv: list[str]) -> int:
                 raise RuntimeError(str(started.exception()))
         elif args.phase == "rebuild":
             from sinks.query import StopSignal
-            from sinks.rebuild import rebuild_search_here
+            from sinks.stores.search.generations import rebuild_here as rebuild_search_here
 
             emit("query_start")
             t1 = time.monotonic()

@@ -17,7 +17,7 @@ import orjson
 from cdc import __version__, accel
 from cdc.config import Config, ConfigError, as_dict, load, secrets_of, settings_markdown
 from cdc.redact import redact, setup_logging
-from sinks.stores import STORES, Registration
+from sinks.stores import STORES, Registration, Verb
 
 CONFIG_HELP = "TOML config file; every key can be overridden by CDC_<SECTION>_<KEY> environment variables."
 
@@ -491,57 +491,6 @@ def sink(config: Config, store: str, once: bool, in_driver: bool, print_submit: 
         click.echo(summary)
 
 
-@main.group()
-def delta() -> None:
-    """Maintain the Delta warehouse under [delta] path."""
-
-
-@delta.command()
-@_with_config
-def optimize(config: Config) -> None:
-    """Compact the small files the micro-batches wrote, in every table."""
-    with _warehouse(config) as store:
-        for path, removed, added in store.optimize():
-            click.echo(f"{path}: {removed} files compacted into {added}")
-
-
-@delta.command()
-@click.option("--retain-hours", type=float, default=168.0, show_default=True,
-              help="Keep files a version younger than this still needs (time travel and running readers).")
-@_with_config
-def vacuum(config: Config, retain_hours: float) -> None:
-    """Delete files no recent version of any table needs."""
-    with _warehouse(config, {"spark.databricks.delta.retentionDurationCheck.enabled": "false"}) as store:
-        for path in store.vacuum(retain_hours):
-            click.echo(f"{path}: vacuumed (retaining {retain_hours:g} h)")
-
-
-@delta.command("rebuild-history")
-@_with_config
-def rebuild_history(config: Config) -> None:
-    """Rebuild every history/ table from the change log changes/ (every version it holds)."""
-    from sinks.delta_history import HistoryStore
-    from sinks.rebuild import rebuild_history as rebuild
-
-    with _warehouse(config) as store:
-        for table, versions in rebuild(HistoryStore(store.spark, config.delta.path), config):
-            click.echo(f"{table}: {versions} versions")
-
-
-@delta.command()
-@_with_config
-def migrate(config: Config) -> None:
-    """Move a warehouse written by cdc before the one change log (changes/<schema>/<table>)
-    to the one log changes/, partitioned by _cdc_topic. Stop `cdc sink delta` first; a run
-    stopped half-way can be run again."""
-    with _warehouse(config) as store:
-        moved = store.migrate()
-        for table, rows in moved:
-            click.echo(f"{table}: {rows} rows moved into {store.log}")
-        click.echo(f"delta migrate: {len(moved)} change tables moved" if moved else
-                   f"delta migrate: nothing to move, {store.log} is the change log already")
-
-
 def _rebuild_command(store: Registration) -> click.Command:
     """`cdc <store> rebuild`, the same verb for every registered store."""
 
@@ -565,28 +514,23 @@ def _rebuild_command(store: Registration) -> click.Command:
     return rebuild
 
 
-for _store in STORES.values():  # each store's group of verbs (`cdc delta` has more), with its rebuild
-    _group = main.commands.get(_store.name)
-    if not isinstance(_group, click.Group):
-        _group = main.group(_store.name, help=f"Maintain {_store.what}.")(lambda: None)
+def _verb_command(verb: Verb) -> click.Command:
+    """One of a store's own verbs (`cdc delta optimize`), with --config and the one-line errors."""
+
+    def run(config: Config, **options: Any) -> None:
+        for line in verb.run(config, **options):
+            click.echo(line)
+
+    command = _with_config(run)
+    command.__click_params__.extend(reversed(verb.options))  # type: ignore[attr-defined]
+    return click.command(verb.name, help=verb.help)(command)
+
+
+for _store in STORES.values():  # each store's group of verbs: its own (`cdc delta optimize`), its rebuild
+    _group = main.group(_store.name, help=f"Maintain {_store.what}.")(lambda: None)
+    for _verb in _store.more_verbs():
+        _group.add_command(_verb_command(_verb))
     _group.add_command(_rebuild_command(_store))
-
-
-def _warehouse(config: Config, conf: dict[str, str] | None = None) -> Any:
-    """A local Spark session over the warehouse, stopped after the command."""
-    from contextlib import contextmanager
-
-    from sinks.delta import DeltaStore
-    from sinks.spark import job_session
-    from sinks.stores import check
-
-    @contextmanager
-    def session() -> Any:
-        check("delta", config)
-        with job_session("cdc-delta-maintenance", config.spark, master="local[2]", conf=conf) as spark:
-            yield DeltaStore(spark, config.delta.path)
-
-    return session()
 
 
 @main.command()

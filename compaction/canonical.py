@@ -3,7 +3,7 @@ by hashes computed where the data is.
 
 The reference is the topic's JSON: each column's value as the event carries it (the README's
 type table). A store holds it in its own form (Delta typed, OpenSearch converted by
-sinks.search_shapes, Redis the event's `after`); its reader turns it back into the event's
+sinks.stores.search.shapes, Redis the event's `after`); its reader turns it back into the event's
 form, and this module makes the last steps exact on every side:
 - floats: the shortest decimal that reads back as the same float, written out in full
   (`100`, `0.00015`, `1000000000000000000000`) as a JSON string; `NaN`, `Infinity` stay.

@@ -5,7 +5,7 @@ different order can bring back a row a later delete removed, with nothing left t
 them apart: the rebuild's last pass re-inserting an updated row whose delete the live
 job had already applied is exactly that. So the live job pauses at a batch boundary, the
 rebuild brings its tables to exactly the offsets the live job planned last
-(sinks.delta_rebuild), overwrites `current/` with them, and lets the live job go on from
+(sinks.stores.delta.generations), overwrites `current/` with them, and lets the live job go on from
 those offsets: at the switch both reflect the same records.
 
 Files under `<path>/_cdc/` (through Hadoop's FileSystem; a file's age is its modification

@@ -52,7 +52,7 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
         # at 50, 2.5-3.5 s at 1, measured)
         "spark.databricks.delta.snapshotPartitions": "2",
         # every write gains small files: the Delta sink compacts a table every so many commits
-        # (sinks.delta.COMPACT_EVERY) rather than with Delta's auto compaction, whose check after
+        # (sinks.stores.delta.COMPACT_EVERY) rather than with Delta's auto compaction, whose check after
         # each commit costs ~1 s on 2 cores (a MERGE of 3 rows: 2.2-3.0 s with it, 1.3-1.6 s
         # without, measured); scans pack small files into few tasks
         "spark.sql.files.openCostInBytes": "131072",

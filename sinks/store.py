@@ -10,7 +10,7 @@ and how it reads back what it holds:
 - `truncate`: delete a table's rows below a position (the job has recorded it first);
 - `clear`: forget the state the topics rebuild (a store found lost or stale);
 - the writes: a `RowStore` (sinks.rows) takes each key's last change as the event's JSON
-  on the executors; a `TableStore` (sinks.delta) takes a table's typed rows on the driver.
+  on the executors; a `TableStore` (sinks.stores.delta) takes a table's typed rows on the driver.
 
 A store is one module and one line in sinks.stores.
 """

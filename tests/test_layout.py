@@ -116,6 +116,31 @@ def test_production_code_takes_nothing_from_the_throwaway_services() -> None:
     assert wrong == {}
     assert "cdc.jars" in MODULES and "cdc.machine" in MODULES
 
+
+def test_a_store_is_one_folder_that_only_the_registry_reaches() -> None:
+    """Everything only about one store lives in `sinks/stores/<name>/`; the rest of the
+    product (the job, the rebuild, verify, top, the demo, the CLI) gets the stores from the
+    registry, `sinks.stores`, which loads them by name: no other module imports a store's."""
+    from sinks.stores import STORES
+
+    folders = {f"sinks.stores.{name}": name for name in STORES}
+    wrong: dict[str, list[str]] = {}
+    for module in MODULES:
+        own = next((folder for folder in folders if _under(module, (folder,))), None)
+        names = sorted(n for n in imports_of(module) if any(_under(n, (f,)) for f in folders if f != own))
+        if names:
+            wrong[module] = names
+    assert wrong == {}
+    for name, registration in STORES.items():  # and the registry names modules of the store's own folder
+        for module in (registration.module, registration.reader, *([registration.verbs] if registration.verbs else [])):
+            assert _under(module, (f"sinks.stores.{name}",)) and module in MODULES, (name, module)
+        # a submodule imported sets its name on the package: it must not hide one of the
+        # package's functions (`rebuild`, then `sinks.stores.<name>.rebuild` imported, is a module)
+        package = MODULES[f"sinks.stores.{name}"]
+        defined = {node.name for node in package.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        submodules = {m.rsplit(".", 1)[1] for m in MODULES if m.startswith(f"sinks.stores.{name}.")}
+        assert defined & submodules == set(), name
+
 def test_kafka_clients_are_made_in_one_place() -> None:
     """Every Kafka client gets its servers and security from `[topic]` in cdc.kafka (clients,
     the daemon's producer, the admin client): a client made elsewhere would miss a setting."""

@@ -20,9 +20,9 @@ from cdc.local.process import free_port
 from cdc.local.redis import LocalRedis
 from cdc.redact import display_url
 from compaction.table import build
-from sinks.cache import CacheWriter, Settings, guarded, round_trip
 from sinks.latest import COLUMNS, as_rows, canonical_key, fold, position
 from sinks.rows import PartitionWriter
+from sinks.stores.cache import CacheWriter, Settings, guarded, round_trip
 from tests.support import (
     Sink,
     acct_on_a_cluster,

@@ -32,7 +32,7 @@ from cdc.local.opensearch import LocalOpenSearch
 from cdc.local.process import free_port
 from sinks.latest import canonical_key
 from sinks.progress import read_progress
-from sinks.search_shapes import alias_name, index_name, markers_name
+from sinks.stores.search.shapes import alias_name, index_name, markers_name
 from tests.support import (
     SINK_TIMEOUT_S,
     Sink,
@@ -324,7 +324,7 @@ def test_a_rebuild_stopped_before_its_swap_leaves_the_index_and_goes_on_when_run
         rebuild.send_signal(signal.SIGTERM)
         assert rebuild.wait(300) == 1
     assert [line for line in log.read_text().splitlines() if line.startswith("error:")] == [
-        "error: the rebuild stopped before its swap; the current indexes are untouched: run `cdc search rebuild` "
+        "error: the rebuild stopped before its switch; the current indexes are untouched: run `cdc search rebuild` "
         "again to go on from where it stopped"]
     assert _ok(base, "GET", f"/_alias/{acct}") == {f"{acct}-v1": {"aliases": {acct: {}}}}
     assert _acct(base, topic_prefix) == acct_rows(db)
@@ -379,7 +379,7 @@ def test_an_unreachable_index_is_one_line(tmp_path: Path) -> None:
 
 def test_delete_markers_expire_when_the_job_starts(opensearch: LocalOpenSearch, topic_prefix: str) -> None:
     from cdc.config import SearchConfig
-    from sinks.search import SearchStore
+    from sinks.stores.search import SearchStore
 
     base, alias = opensearch.url, alias_name(f"{topic_prefix}.public.t")
     _ok(base, "PUT", f"/{markers_name(alias)}", {"settings": {"index": {"hidden": True, "number_of_replicas": 0}}})
@@ -397,7 +397,7 @@ def test_markers_that_cannot_expire_are_reported_not_counted(
     """The expiry judges its `_bulk` answer: a markers index that refuses writes keeps its markers
     and the log says so, instead of counting them expired."""
     from cdc.config import SearchConfig
-    from sinks.search import SearchStore
+    from sinks.stores.search import SearchStore
 
     base, alias = opensearch.url, alias_name(f"{topic_prefix}.public.t")
     _ok(base, "PUT", f"/{markers_name(alias)}", {"settings": {"index": {"hidden": True, "number_of_replicas": 0}}})
@@ -405,7 +405,7 @@ def test_markers_that_cannot_expire_are_reported_not_counted(
     _ok(base, "PUT", f"/{markers_name(alias)}/_doc/1?version=5&version_type=external_gte&refresh=true", {"at": old})
     _ok(base, "PUT", f"/{markers_name(alias)}/_settings", {"index": {"blocks": {"write": True}}})
     try:
-        with caplog.at_level(logging.INFO, logger="sinks.search"):
+        with caplog.at_level(logging.INFO, logger="sinks.stores.search"):
             SearchStore(SearchConfig(url=base, replicas=0, marker_ttl_s=60), topic_prefix).open(resumed=False)
     finally:
         _ok(base, "PUT", f"/{markers_name(alias)}/_settings", {"index": {"blocks": {"write": False}}})

@@ -27,9 +27,9 @@ from cdc.events.shapes import column_shape
 from cdc.events.types import field_schema
 from cdc.naming import is_table_topic
 from cdc.source.pgtypes import BUILTIN_TYPES
-from sinks.delta import needs_column_mapping, table_path, widens
 from sinks.pipeline import drained
 from sinks.spark_types import POINT, numeric_precision, spark_type
+from sinks.stores.delta import needs_column_mapping, table_path, widens
 from sinks.topics import spark_options, subscription
 from sinks.versions import ColumnShape, Registry, Version
 
@@ -482,7 +482,7 @@ def test_a_partition_writer_fills_toasted_values_from_the_store_and_hands_back_w
 def test_guard_calls_packed_column_by_column_are_the_commands_redis_reads() -> None:
     import pyarrow as pa
 
-    from sinks.cache import GUARD_SHA, META, _command, guarded_calls
+    from sinks.stores.cache import GUARD_SHA, META, _command, guarded_calls
 
     packed = guarded_calls(pa.array(['t:{"id":"é"}', "t:{}"]), pa.array(["u", "d"]), pa.array(["p1", ""]),
                            pa.array([2, 0], pa.int32()), pa.array([10, 11]), pa.array([b'{"v":"a\r\nb"}', b""]),
@@ -500,9 +500,9 @@ def test_search_upserts_packed_column_by_column_are_the_documents_of_the_row_pat
     """A table whose rows need no converting has its upserts packed from the columns; one with
     dates goes row by row: both give the action and `_source` the row-by-row writer gave."""
     from sinks.latest import changes_table, position
-    from sinks.opensearch import versioned
-    from sinks.search import SearchWriter, Settings
-    from sinks.search_shapes import Documents
+    from sinks.stores.search import SearchWriter, Settings
+    from sinks.stores.search.opensearch import versioned
+    from sinks.stores.search.shapes import Documents
     from sinks.versions import Version
 
     plain = Version("public", "p", "x.public.p", 0, (_column("id", "int4", {"type": "int32"}, key=True),
@@ -550,7 +550,13 @@ def _column(name: str, pg_type: str, connect: dict, key: bool = False) -> object
 
 
 def test_search_aliases_are_the_topic_names_in_an_injective_lowercase_escape() -> None:
-    from sinks.search_shapes import alias_name, generation, index_name, markers_name, rebuild_alias
+    from sinks.stores.search.shapes import (
+        alias_name,
+        generation,
+        index_name,
+        markers_name,
+        rebuild_alias,
+    )
 
     assert alias_name("cdc.public.orders") == "cdc.public.orders"
     assert alias_name("cdc.public.Odd-20Name") == "cdc.public.-uodd-20-uname"
@@ -570,7 +576,7 @@ def test_search_aliases_are_the_topic_names_in_an_injective_lowercase_escape() -
 
 
 def test_search_mapping_follows_the_type_table() -> None:
-    from sinks.search_shapes import DATE, KEYWORD, TEXT, mapping
+    from sinks.stores.search.shapes import DATE, KEYWORD, TEXT, mapping
     from sinks.versions import Version
 
     columns = (
@@ -603,7 +609,7 @@ def test_search_mapping_follows_the_type_table() -> None:
 
 
 def test_search_documents_turn_dates_into_iso_text_and_json_into_objects() -> None:
-    from sinks.search_shapes import Documents
+    from sinks.stores.search.shapes import Documents
     from sinks.versions import Version
 
     columns = (

@@ -156,7 +156,7 @@ def test_the_warehouse_hashes_in_spark_sql_as_in_python(stack: Stack) -> None:
     Python, on the wide table's columns Spark SQL renders (every type but floats, JSON and
     nested arrays)."""
     from compaction.verify import TableSpec
-    from sinks.read_delta import DeltaSide, _merge, _Rows
+    from sinks.stores.delta.read_spark import DeltaSide, _merge, _Rows
 
     catalog = connect_catalog(stack.config)
     source = SourceSide(stack.config, catalog)
@@ -179,7 +179,7 @@ def test_the_warehouse_hashes_in_spark_sql_as_in_python(stack: Stack) -> None:
     assert in_spark == in_python and sum(n for n, _ in in_spark.values()) == 3
     assert side._hashed(wide) is None  # floats: the executors' Python
     # delta-rs reads the table Spark wrote as Spark does, on every column of the wide table
-    from sinks.read_delta_rs import DeltaRsReader, DeltaRsSide
+    from sinks.stores.delta.read import DeltaRsReader, DeltaRsSide
 
     frame, kinds = side._frame(wide)  # type: ignore[misc]
     spark_python = dict(frame.rdd.mapPartitions(_Rows(wide.columns, kinds, wide.bits)).reduceByKey(_merge).collect())
@@ -267,10 +267,10 @@ def _tamper_topic(stack: Stack, key: bytes, note: str) -> None:
 def test_tampered_sides_are_reported_and_exit_1(stack: Stack) -> None:
     import redis
 
-    from sinks.delta import table_path
-    from sinks.opensearch import path_of as _path
-    from sinks.search import Settings
-    from sinks.search_shapes import alias_name
+    from sinks.stores.delta import table_path
+    from sinks.stores.search import Settings
+    from sinks.stores.search.opensearch import path_of as _path
+    from sinks.stores.search.shapes import alias_name
 
     wait_caught_up(stack.dsn, slot_of(stack.config.topic.prefix))
     target = current_lsn(stack.dsn)  # a --once run is complete up to the last heartbeat it reads: one past the writes

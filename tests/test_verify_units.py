@@ -15,8 +15,8 @@ import pytest
 from cdc.verify import run
 from compaction.canonical import Column, row_values
 from compaction.verify import Found, Outcome, TableSpec, digest_of
-from sinks import read_delta_rs
-from sinks.read_delta_rs import DIRECT_BYTES, ReaderError, WarehouseSide, choose
+from sinks.stores.delta import read as read_delta_rs
+from sinks.stores.delta.read import DIRECT_BYTES, ReaderError, WarehouseSide, choose
 
 COLUMNS = (Column("id", {"type": "int32"}), Column("v", {"type": "int32"}))
 SPEC = TableSpec("p.public.t", "public.t", COLUMNS, 2)
@@ -206,10 +206,10 @@ class _SparkSide:
 
 def test_spark_reads_what_delta_rs_cannot_or_is_told_not_to(warehouse: tuple[str, TableSpec],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import sinks.read_delta
+    import sinks.stores.delta.read_spark
 
     root, spec = warehouse
-    monkeypatch.setattr(sinks.read_delta, "DeltaSide", _SparkSide)
+    monkeypatch.setattr(sinks.stores.delta.read_spark, "DeltaSide", _SparkSide)
     asked: list[str] = []
     forced = WarehouseSide(root, "spark", lambda: asked.append("session") or "session")
     assert (forced.digest(spec), forced.how(spec), asked) == ({0: (99, 0)}, "spark", ["session"])

@@ -17,14 +17,14 @@ import pytest
 from kafka.errors import KafkaTimeoutError
 
 import sinks.metrics as sink_metrics
-import sinks.opensearch as opensearch
 import sinks.pipeline as pipeline
 import sinks.runner as runner
+import sinks.stores.search.opensearch as opensearch
 from cdc.config import Config
 from sinks.metrics import SinkMetrics
-from sinks.opensearch import Action, Bulk, Endpoint, SearchUnavailable, scroll
 from sinks.pipeline import Progress, SinkJob, drained
 from sinks.store import SinkStopped, StoreLost, StoreUnavailable
+from sinks.stores.search.opensearch import Action, Bulk, Endpoint, SearchUnavailable, scroll
 
 
 class _Job:
@@ -105,7 +105,7 @@ class _Answer:
 
 
 class _Pool:
-    """The HTTP pool's stand-in under sinks.opensearch.Client: `answer(method, path)` says what
+    """The HTTP pool's stand-in under sinks.stores.search.opensearch.Client: `answer(method, path)` says what
     OpenSearch answers; `asked` keeps every request made."""
 
     def __init__(self, answer: Callable[[str, str], _Answer]) -> None:

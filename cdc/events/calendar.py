@@ -1,7 +1,7 @@
 """The proleptic Gregorian calendar in integers: epoch days and microseconds to dates and ISO text.
 
 The events' value conversion (cdc.events.types) and the warehouse's read side for `cdc
-verify` (sinks.read_delta, on Spark executors) both render timestamps this way, so it lives
+verify` (sinks.stores.delta.read_spark, on Spark executors) both render timestamps this way, so it lives
 apart from anything that needs PostgreSQL's client: BC dates and years beyond 9999 work
 (``datetime`` cannot hold them).
 """

@@ -59,17 +59,6 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _search_example(url: str) -> None:
-    """One full-text search, as a search user would try the index."""
-    from sinks.opensearch import Endpoint
-    from sinks.search_shapes import alias_name
-
-    query = {"query": {"match": {"email": "example.com"}}}
-    client = Endpoint(url).client()
-    hits = client.ok("POST", f"/{alias_name(topic_name(PREFIX, 'public', 'customers'))}/_search", query)["hits"]["hits"]
-    click.echo(f"  search customers for email 'example.com': {sorted(h['_id'] for h in hits)}")
-
-
 def _config_file(path: Path, settings: dict[str, str]) -> Path:
     """A cdc.toml holding `settings` (as CDC_<SECTION>_<KEY> environment names): the file the
     demo's processes share, and the one `cdc top`, `cdc status` or `cdc report` take."""
@@ -238,10 +227,11 @@ def run_demo(workdir: Path | None, keep: bool) -> None:
         tables = [topic_name(PREFIX, "public", table) for table in ("customers", "orders")]
         for name, registration in STORES.items():
             _step(f"what a reader finds in the {name} store")
-            for line in registration.load().show(config, tables):
+            store = registration.load()
+            for line in store.show(config, tables):
                 click.echo(f"  {line}")
-            if name == "search":
-                _search_example(config.search.url)
+            if hasattr(store, "find"):  # a store that answers queries on a field's text
+                click.echo(f"  search customers for email 'example.com': {store.find(config, tables[0], 'email', 'example.com')}")
         _step("every store against the source: cdc verify")
         _verify(config_path)
         _step("cdc status")

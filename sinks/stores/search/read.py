@@ -2,7 +2,7 @@
 
 OpenSearch has no compute that could hash a document's source, so every document of the
 table's alias is read in bulk (a scroll) and hashed as it arrives. `_source` is the event's
-row as sinks.search_shapes converted it (dates and timestamps as ISO text, JSON columns
+row as sinks.stores.search.shapes converted it (dates and timestamps as ISO text, JSON columns
 parsed): `event_form` turns it back, and compaction.canonical compares JSON by meaning.
 Positions are the documents' stored `_cdc_pos` and the delete markers' `pos`. To be folded
 into the store (sinks.store) as its read side.
@@ -18,9 +18,9 @@ from cdc.config import Config, SearchConfig
 from compaction.canonical import row_values
 from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 from sinks.latest import parse_position
-from sinks.opensearch import path_of, scroll
-from sinks.search import Settings
-from sinks.search_shapes import POSITION, alias_name, markers_name
+from sinks.stores.search import Settings
+from sinks.stores.search.opensearch import path_of, scroll
+from sinks.stores.search.shapes import POSITION, alias_name, markers_name
 
 _TIMESTAMPS = {"io.debezium.time.Timestamp": 1000, "io.debezium.time.MicroTimestamp": 1}  # event unit in µs
 _EPOCH = datetime(1970, 1, 1)
@@ -29,7 +29,7 @@ PAGE = 5000
 
 
 def _back(value: Any, connect: dict[str, Any], in_array: bool = False) -> Any:
-    """One `_source` value as the event had it (sinks.search_shapes' conversions undone)."""
+    """One `_source` value as the event had it (sinks.stores.search.shapes' conversions undone)."""
     if value is None:
         return None
     kind, name = connect.get("type"), connect.get("name")

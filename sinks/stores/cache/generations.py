@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cdc.config import CacheConfig, ConfigError
+from cdc.config import CacheConfig, Config, ConfigError
 from cdc.naming import is_table_topic
-from sinks.cache import META, PIPELINE_KEYS, CacheStore, Settings, _topic_of
+from sinks.stores.cache import META, PIPELINE_KEYS, CacheStore, Settings, _topic_of
+
+if TYPE_CHECKING:
+    from sinks.query import StopSignal
 
 log = logging.getLogger(__name__)
 
@@ -155,3 +158,25 @@ class Generations:
         finally:
             client.close()
         return counts
+
+
+def rebuild_here(config: Config, stop: StopSignal) -> tuple[int, int, dict[str, int]]:
+    """`cdc cache rebuild`: the cache again from the topics into another Redis database, then
+    SWAPDB; (the rebuilt database's number before the swap, the live one's, rows per table).
+
+    Passes until one is short, the switch, one more position-guarded pass into the live
+    database for what the live job wrote after the rebuild's last pass (sinks.rebuild), then
+    the old generation flushed."""
+    from sinks.query import ensure_topics
+    from sinks.rebuild import fill_and_switch
+    from sinks.runner import check
+    from sinks.spark import job_session
+
+    check(config, "cache")
+    generations = Generations(config.cache, config.topic.prefix)
+    generations.check()
+    ensure_topics(config)
+    with job_session("cdc-cache-rebuild", config.spark) as spark:
+        stop.install()
+        fill_and_switch(spark, config, generations, stop, "the cache is untouched", "cdc cache rebuild")
+        return generations.target, generations.live, generations.rows()

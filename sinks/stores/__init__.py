@@ -7,7 +7,10 @@ that point at it), `show(config, topics)` (what a reader finds there, a line per
 every few seconds while the job writes) and `rebuild(config, stop)` (`cdc <name> rebuild`:
 the store filled again beside the one readers use, then switched; the lines it prints); and
 may define `followers(spark, config)`: stores the same process keeps from what the store
-holds, each by a query of its own. Its reader
+holds, each by a query of its own, and `find(config, topic, field, text)`: the keys of the
+rows whose `field` matches `text` (a full-text query; the demo asks it). Everything only
+about one store lives in its folder, `sinks/stores/<name>/`; nothing else in the product
+imports from there (tests/test_layout.py), it goes through this registry. Its reader
 module (`Registration.reader`) gives `cdc verify` its side of the store: `side(config, spark)`
 (a compaction.verify.Side; `spark` makes a Spark session only if the side needs one), and may
 define `check(config)`: the settings the side needs, checked before verify reads anything.
@@ -16,7 +19,7 @@ define `check(config)`: the settings the side needs, checked before verify reads
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -24,11 +27,23 @@ from typing import TYPE_CHECKING, Any
 from cdc.config import Config, ConfigError
 
 if TYPE_CHECKING:
+    import click
     from pyspark.sql import SparkSession
 
     from compaction.verify import Side
     from sinks.query import StopSignal
     from sinks.store import RowCounter, Store
+
+
+@dataclass(frozen=True)
+class Verb:
+    """A verb of a store's group beside its rebuild (`cdc delta optimize`): `run(config,
+    **options)` gives the lines it prints; the CLI adds --config and the one-line errors."""
+
+    name: str
+    help: str
+    run: Callable[..., Iterable[str]]
+    options: tuple[click.Option, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,28 +60,34 @@ class Registration:
     story: str
     #: what `cdc <name> rebuild` does, for its --help (the module's `rebuild(config, stop)`)
     rebuilds: str
+    #: the module whose VERBS the store's group has beside its rebuild (light to import: the CLI
+    #: lists them at start); none: the rebuild alone
+    verbs: str = ""
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
+    def more_verbs(self) -> list[Verb]:
+        return list(importlib.import_module(self.verbs).VERBS) if self.verbs else []
+
 
 STORES: dict[str, Registration] = {r.name: r for r in (
-    Registration("delta", "sinks.delta", "sinks.read_delta_rs", "delta", "the Delta warehouse under [delta] path",
+    Registration("delta", "sinks.stores.delta", "sinks.stores.delta.read", "delta", "the Delta warehouse under [delta] path",
                  "a Delta warehouse: current/ (the tables now), changes (every event, one log) and history/ (every "
                  "version)",
                  "Fill every table's current/ again from the topics in a folder of its own, then replace each "
                  "table's rows in one commit: readers read the version before it until then (time travel keeps "
                  "it). changes/ and history/ are not the topics' to restore (see rebuild-history). A running "
                  "`cdc sink delta` goes on, paused between two of its batches for the switch; on [spark] master = "
-                 "spark://... it runs on the cluster."),
-    Registration("search", "sinks.search", "sinks.read_search", "search", "the OpenSearch index at [search] url",
+                 "spark://... it runs on the cluster.", verbs="sinks.stores.delta.verbs"),
+    Registration("search", "sinks.stores.search", "sinks.stores.search.read", "search", "the OpenSearch index at [search] url",
                  "OpenSearch, an index per table behind an alias named after its topic, _id = the key's JSON, "
                  "_source = the row",
                  "Fill every table's index again from the topics, beside the current one, then swap the aliases "
                  "in one step and drop the old indexes: readers never see an index missing or half full. Adopts "
                  "new mappings (a column whose type changed). A running `cdc sink search` may go on; on [spark] "
                  "master = spark://... it runs on the cluster."),
-    Registration("cache", "sinks.cache", "sinks.read_cache", "cache", "the Redis cache at [cache] url",
+    Registration("cache", "sinks.stores.cache", "sinks.stores.cache.read", "cache", "the Redis cache at [cache] url",
                  "Redis, GET <topic>:<key JSON> = the row",
                  "Fill the cache again from the topics into another Redis database ([cache] rebuild_db), then "
                  "swap it in with SWAPDB and flush the old one: GET readers never see the cache missing or half "

@@ -1,7 +1,7 @@
 """`history/`: SCD type 2, kept from the warehouse's change log by a streaming query of its own.
 
 `cdc sink delta` runs two queries in one process: the topics into `current/` and the change
-log (sinks.delta), and this one, the change log (Delta as a streaming source) into
+log (sinks.stores.delta), and this one, the change log (Delta as a streaming source) into
 `history/`, with its own checkpoint (`<checkpoint_dir>/delta-history`) and trigger (`[delta]
 history_interval_s`). The current state never waits for history's MERGEs, and history makes
 one commit per table per batch of its own, which gathers many of the job's batches.
@@ -24,6 +24,7 @@ newest then (sinks.pipeline.SinkJob._complete).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from delta.tables import DeltaTable
@@ -31,10 +32,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.config import Config
-from sinks import hadoop, history
-from sinks.batch import TableBatch
+from sinks import hadoop
+from sinks.batch import TableBatch, decode_table, table_batch
 from sinks.checkpoint import last_committed, source_offset
-from sinks.delta import (
+from sinks.envelope import CHANGE_COLUMNS
+from sinks.pipeline import Feed
+from sinks.progress import Completed
+from sinks.store import Truncate
+from sinks.stores.delta import (
     HISTORY_META,
     Warehouse,
     above,
@@ -42,12 +47,10 @@ from sinks.delta import (
     ensure_log,
     log_path,
     q,
+    scd2,
     table_path,
 )
-from sinks.envelope import CHANGE_COLUMNS
-from sinks.pipeline import Feed
-from sinks.progress import Completed
-from sinks.store import Truncate
+from sinks.topics import SchemaFeed
 
 if TYPE_CHECKING:
     from sinks.pipeline import SinkJob
@@ -135,8 +138,8 @@ class HistoryStore(Warehouse):
         new versions (those with a null `_merge_key`, which match nothing)."""
         path = table_path(self.root, "history", batch.topic)
         table = self._table(path, batch.columns, HISTORY_META, batch.display, PARTITIONED_BY)
-        new = history.versions(batch.rows, batch.columns, batch.known).where(above(self._watermark(path)))
-        source = history.first_changes(batch.rows).withColumn("_merge_key", F.col("_cdc_key")).unionByName(
+        new = scd2.versions(batch.rows, batch.columns, batch.known).where(above(self._watermark(path)))
+        source = scd2.first_changes(batch.rows).withColumn("_merge_key", F.col("_cdc_key")).unionByName(
             new.withColumn("_merge_key", F.lit(None).cast("string")), allowMissingColumns=True
         )
         (
@@ -169,7 +172,7 @@ class HistoryStore(Warehouse):
         path = table_path(self.root, "history", batch.topic)
         detail = self._table(path, batch.columns, HISTORY_META, batch.display, PARTITIONED_BY).detail().first()
         unpartitioned = detail is not None and detail["partitionColumns"] != [PARTITIONED_BY]
-        history.versions(rows, batch.columns, batch.truncates).write.format("delta").mode("overwrite").partitionBy(
+        scd2.versions(rows, batch.columns, batch.truncates).write.format("delta").mode("overwrite").partitionBy(
             PARTITIONED_BY
         ).option("overwriteSchema", str(unpartitioned).lower()).save(path)
         with self._lock:
@@ -200,3 +203,28 @@ def _ended(truncates: list[tuple[int, int, int]]) -> dict[str, str | Column]:
     }
 
 
+def rebuild_history(store: HistoryStore, config: Config) -> Iterator[tuple[str, int]]:
+    """Rebuild every table's history from the change log; yields (table, versions written)."""
+    feed = SchemaFeed(config.topic)
+    try:
+        registry = feed.refresh()
+        log = store.spark.read.format("delta").load(store.feed.path)
+        for (topic,) in log.select("_cdc_topic").distinct().orderBy("_cdc_topic").collect():
+            if not registry.versions(topic):
+                continue
+            rows = store.feed.rows(log.where(F.col("_cdc_topic") == topic))
+            span = rows.agg(F.min("_cdc_lsn"), F.max("_cdc_lsn")).first()
+            assert span is not None
+            low, high = (span[0] or 0), (span[1] or 0)
+            decoded, columns = decode_table(rows, registry, topic, low, high)
+            decoded = decoded.where(F.col("_cdc_error").isNull())
+            truncates = sorted(
+                (r[0], r[1], r[2]) for r in decoded.where(F.col("_cdc_op") == "t")
+                .select("_cdc_lsn", "_cdc_seq", F.unix_millis("_cdc_ts")).collect()
+            )
+            newest = registry.at(topic, high) or registry.versions(topic)[0]
+            batch = table_batch(decoded, newest, columns, truncates, {})
+            store.rebuild(decoded, batch)
+            yield batch.display, decoded.where(F.col("_cdc_op").isin("r", "c", "u")).count()
+    finally:
+        feed.close()

@@ -4,7 +4,7 @@ prefix, and `history/<schema>/<table>`, with delta-spark.
 A micro-batch makes one commit per table whose records it read (`current`: a MERGE by key)
 and one for the whole batch (`changes`: every table's records appended to one Delta table,
 partitioned by `_cdc_topic`). `history/` is kept from that log by a streaming query of its
-own (sinks.delta_history): the current state never waits for history's MERGEs, and history
+own (sinks.stores.delta.history): the current state never waits for history's MERGEs, and history
 commits once per table per batch of its own, which gathers many of the job's. A Delta
 commit through Spark costs about a CPU-second whatever it holds, so the commits, not the
 rows, set a batch's cost.
@@ -477,15 +477,15 @@ def build(spark: SparkSession, config: Config) -> DeltaStore:
 
 
 def rebuild(config: Config, stop: StopSignal) -> list[str]:
-    from sinks.rebuild import rebuild_delta_here
+    from sinks.stores.delta.generations import rebuild_here
 
-    switched = rebuild_delta_here(config, stop)
+    switched = rebuild_here(config, stop)
     return [f"delta rebuild: {len(switched)} tables of current/ replaced, {sum(n for _, n in switched)} rows"]
 
 
 def followers(spark: SparkSession, config: Config) -> list[TableStore]:
-    """`history/`, kept from the change log by a query of its own (sinks.delta_history)."""
-    from sinks.delta_history import HistoryStore
+    """`history/`, kept from the change log by a query of its own (sinks.stores.delta.history)."""
+    from sinks.stores.delta.history import HistoryStore
 
     return [HistoryStore(spark, config.delta.path)]
 

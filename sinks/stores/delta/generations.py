@@ -30,11 +30,12 @@ from cdc.config import Config
 from sinks import checkpoint as checkpoints
 from sinks import hadoop
 from sinks.batch import TableBatch
-from sinks.delta import DeltaStore
 from sinks.handover import STALE_S, RebuildSide
 from sinks.pipeline import SinkJob
+from sinks.query import StopSignal, ensure_topics
 from sinks.runner import checkpoint
 from sinks.store import SinkStopped
+from sinks.stores.delta import DeltaStore
 from sinks.topics import read_range
 
 log = logging.getLogger(__name__)
@@ -160,3 +161,24 @@ class Rebuild:
 
     def finish(self) -> None:
         hadoop.delete(self.spark, self.root)
+
+
+def rebuild_here(config: Config, stop: StopSignal) -> list[tuple[str, int]]:
+    """`cdc delta rebuild`: every table's `current/` again from the topics, beside the one
+    readers use, then one commit per table replacing its rows; (table path, rows) per table
+    switched.
+
+    Passes until one is short (sinks.rebuild), then the switch, with a running `cdc sink
+    delta` paused between two batches (sinks.handover) while the rebuilt tables catch up to
+    exactly its offsets and replace its tables; then the rebuilt tables and the rebuild's
+    checkpoint go."""
+    from sinks.rebuild import fill_and_switch
+    from sinks.runner import check
+    from sinks.spark import job_session
+
+    check(config, "delta")
+    ensure_topics(config)
+    with job_session("cdc-delta-rebuild", config.spark) as spark:
+        stop.install()
+        return fill_and_switch(spark, config, Rebuild(spark, config, stop), stop, "current/ is untouched",
+                               "cdc delta rebuild") or []

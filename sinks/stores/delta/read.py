@@ -1,6 +1,6 @@
 """The Delta warehouse's read side for `cdc verify` without a Spark session: `current/` read by
 delta-rs (`deltalake`) in a child process and hashed here, for the tables where that is
-cheaper than starting Spark; Spark (sinks.read_delta, hashed where the data is) for the rest.
+cheaper than starting Spark; Spark (sinks.stores.delta.read_spark, hashed where the data is) for the rest.
 
 A Spark session costs 10-40 s before its first row, whatever the table holds; delta-rs reads a
 small table in well under a second. `WarehouseSide` picks per table, once, from the table's
@@ -9,7 +9,7 @@ data files whose protocol it reads (no deletion vectors, column mapping or type 
 delta-rs refuses the first and reads the others wrong), Spark otherwise. The rows come back
 as Arrow batches, dates and timestamps as numbers (exact over any range, as Spark's side
 takes them), and go through the same conversion to the event's form as on Spark's executors
-(sinks.read_delta.event_value), so both readers give the same hashes.
+(sinks.stores.delta.read_spark.event_value), so both readers give the same hashes.
 
 delta-rs runs in a child process that ends with os._exit: a process that read a table with it
 can abort at exit. The child is Spark-free and lives as long as the side (a warm table reads
@@ -35,8 +35,8 @@ import pyarrow.ipc
 from cdc.config import Config, ConfigError
 from compaction.canonical import row_values
 from compaction.verify import Digest, Found, Side, TableSpec, digest_of, hashes_of
-from sinks.delta import table_path
-from sinks.read_delta import event_value
+from sinks.stores.delta import table_path
+from sinks.stores.delta.read_spark import event_value
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class DeltaRsReader:
 
 def _as_number(kind: pa.DataType) -> pa.DataType:
     """Dates as epoch days, timestamps as epoch µs (the wall time for those without a zone), in
-    lists too: what Spark's side computes (sinks.read_delta._micros)."""
+    lists too: what Spark's side computes (sinks.stores.delta.read_spark._micros)."""
     if pa.types.is_list(kind):
         return pa.list_(_as_number(kind.value_type))
     if pa.types.is_date32(kind):
@@ -331,7 +331,7 @@ class WarehouseSide:
         with self._lock:
             self._chosen[table.topic] = "spark"
             if self._in_spark is None:
-                from sinks.read_delta import DeltaSide
+                from sinks.stores.delta.read_spark import DeltaSide
 
                 self._in_spark = DeltaSide(self._spark(), self.root)
             return self._in_spark

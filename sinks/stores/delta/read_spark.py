@@ -50,8 +50,8 @@ from compaction.canonical import (
     row_values,
 )
 from compaction.verify import Digest, Found, TableSpec
-from sinks.delta import table_path
 from sinks.spark_types import _INFINITY_US as INFINITY_US
+from sinks.stores.delta import table_path
 
 _INFINITY_US = {micros: text for text, micros in INFINITY_US.items()}  # how the warehouse holds them, the other way
 
@@ -89,7 +89,7 @@ def float32_leaf(kind: DataType | None) -> bool:
 
 def event_value(value: Any, connect: dict[str, Any], float32: bool) -> Any:
     """A typed value (dates and timestamps already numbers) as the event has it, as Spark or
-    delta-rs (sinks.read_delta_rs) reads it; `float32`: the column holds 32-bit floats."""
+    delta-rs (sinks.stores.delta.read) reads it; `float32`: the column holds 32-bit floats."""
     if value is None:
         return None
     ctype, name = connect.get("type"), connect.get("name")

@@ -421,9 +421,9 @@ def build(spark: SparkSession, config: Config) -> CacheStore:
 
 
 def rebuild(config: Config, stop: StopSignal) -> list[str]:
-    from sinks.rebuild import rebuild_cache_here
+    from sinks.stores.cache.generations import rebuild_here
 
-    rebuilt, live, rows = rebuild_cache_here(config, stop)
+    rebuilt, live, rows = rebuild_here(config, stop)
     return [f"cache rebuild: database {rebuilt} swapped in as database {live}, {len(rows)} tables, "
             f"{sum(rows.values())} rows"]
 

@@ -27,7 +27,9 @@ from pyspark.sql import SparkSession
 
 from cdc.config import Config, ConfigError, SearchConfig
 from sinks.json_columns import compact_json, concatenated, json_strings
-from sinks.opensearch import (
+from sinks.rows import CHUNK_KEYS, Rejected, RowStore, RowWriter
+from sinks.store import SinkStopped, StoreLost
+from sinks.stores.search.opensearch import (
     Action,
     Bulk,
     Client,
@@ -39,8 +41,7 @@ from sinks.opensearch import (
     scroll,
     versioned,
 )
-from sinks.rows import CHUNK_KEYS, Rejected, RowStore, RowWriter
-from sinks.search_shapes import (
+from sinks.stores.search.shapes import (
     POSITION,
     REBUILD_SUFFIX,
     Documents,
@@ -51,7 +52,6 @@ from sinks.search_shapes import (
     markers_name,
     rebuild_alias,
 )
-from sinks.store import SinkStopped, StoreLost
 from sinks.versions import Registry, Version
 
 if TYPE_CHECKING:
@@ -225,7 +225,7 @@ class SearchStore(RowStore):
     behind the hidden `<alias>-rebuild`) while readers, and a running job, keep the
     current one; `swap` then moves the readers' aliases in one `_aliases` call."""
 
-    transient = ("sinks.opensearch.SearchUnavailable",)
+    transient = ("sinks.stores.search.opensearch.SearchUnavailable",)
 
     def __init__(self, config: SearchConfig, prefix: str, rebuild: bool = False) -> None:
         self.name = "search-rebuild" if rebuild else "search"
@@ -512,9 +512,9 @@ def build(spark: SparkSession, config: Config) -> SearchStore:
 
 
 def rebuild(config: Config, stop: StopSignal) -> list[str]:
-    from sinks.rebuild import rebuild_search_here
+    from sinks.stores.search.generations import rebuild_here
 
-    moved = rebuild_search_here(config, stop)
+    moved = rebuild_here(config, stop)
     return [*(f"{alias}: {', '.join(old) or 'no index'} -> {new} ({documents} documents)"
               for alias, old, new, documents in moved), f"search rebuild: {len(moved)} indexes swapped"]
 
@@ -539,6 +539,18 @@ def show(config: Config, topics: list[str]) -> list[str]:
             for hit in sorted(hits["hits"]["hits"], key=lambda h: h["_id"]):
                 lines.append(f"{alias}/_doc/{hit['_id']} -> {orjson.dumps(hit['_source']).decode()}")
         return lines
+    finally:
+        client.close()
+
+
+def find(config: Config, topic: str, field: str, text: str) -> list[str]:
+    """The keys of the table's rows whose `field` matches `text`, by a full-text query: what a
+    search user asks the index that a GET by key cannot."""
+    client = Endpoint.of(config.search).client()
+    try:
+        query = {"query": {"match": {field: text}}, "size": 100}
+        hits = client.ok("POST", f"/{path_of(alias_name(topic))}/_search", query)["hits"]["hits"]
+        return sorted(hit["_id"] for hit in hits)
     finally:
         client.close()
 
