@@ -276,7 +276,8 @@ class SinkJob:
                 if newest is not None:
                     self.store.truncate(topic, newest)
             store = self.store
-            if isinstance(store, RowStore):
+            if store.writes == "rows":
+                assert isinstance(store, RowStore)  # for mypy: the declared kind's base
                 if work:
                     written = [topic for topic, _, _ in work]
                     changes = good.where(F.col("_cdc_topic").isin(*written))
@@ -288,7 +289,8 @@ class SinkJob:
                     if rejected:
                         letters.append(self._rejected(persisted, rejected))
                 self._send_letters(letters, batch_id)
-            elif isinstance(store, TableStore):
+            else:
+                assert isinstance(store, TableStore)
                 self._apply_tables(store, registry, work, earlier, letters, batch_id)
             written_at = time.monotonic()
             check_batch(store, store.load(), batch_id)

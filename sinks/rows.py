@@ -65,6 +65,8 @@ class RowWriter(ABC):
 class RowStore(Store):
     """A store of the events' JSON: the job writes every table of a batch in one pass."""
 
+    writes = "rows"
+
     def prepare(self, topics: list[str], registry: Registry) -> None:  # noqa: B027
         """On the driver, before a batch's writes: what the tables need (an index, a mapping)."""
 

@@ -9,10 +9,12 @@ and how it reads back what it holds:
   truncate, the batch whose dead letters went out, and whatever the store adds);
 - `truncate`: delete a table's rows below a position (the job has recorded it first);
 - `clear`: forget the state the topics rebuild (a store found lost or stale);
-- the writes: a `RowStore` (sinks.rows) takes each key's last change as the event's JSON
-  on the executors; a `TableStore` (sinks.stores.delta) takes a table's typed rows on the driver.
+- the writes, declared by `writes`: a `RowStore` (sinks.rows) takes each key's last change
+  as the event's JSON on the executors; a `TableStore` (the warehouse) takes a table's typed
+  rows on the driver.
 
-A store is one module and one line in sinks.stores.
+A store is one folder and one registration in sinks.stores, whose protocols say what else
+the folder gives (its check, its reader for `cdc verify`, its rebuild, its throwaway server).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 if TYPE_CHECKING:
     from sinks.batch import TableBatch
@@ -99,6 +101,10 @@ class Bookkeeping:
 class Store(ABC):
     """A derived store the job keeps equal to the source tables."""
 
+    #: how the job hands it a batch: "rows", each key's last change as the event's JSON,
+    #: written on the executors (sinks.rows.RowStore); "tables", a table's typed rows on the
+    #: driver, in steps (TableStore)
+    writes: ClassVar[Literal["rows", "tables"]]
     #: the job's name: its checkpoint folder, its progress record, its bookkeeping
     name: str
     #: the store in a message, credentials masked ("Redis at redis://host:6379/0")
@@ -142,6 +148,8 @@ class TableStore(Store):
     The job runs a step for every table of the batch before the next step, so what the first
     step writes (the current state) waits for no table's later steps. Steps of different
     tables run in parallel threads: a step touches only its own table's files and state."""
+
+    writes = "tables"
 
     @abstractmethod
     def steps(self) -> tuple[Callable[[TableBatch], None], ...]: ...

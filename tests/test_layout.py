@@ -126,6 +126,8 @@ def test_a_store_is_one_folder_that_only_the_registry_reaches() -> None:
     folders = {f"sinks.stores.{name}": name for name in STORES}
     wrong: dict[str, list[str]] = {}
     for module in MODULES:
+        if module == "sinks.stores":  # the registry: its type check names each store's modules
+            continue
         own = next((folder for folder in folders if _under(module, (folder,))), None)
         names = sorted(n for n in imports_of(module) if any(_under(n, (f,)) for f in folders if f != own))
         if names:

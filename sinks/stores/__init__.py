@@ -1,19 +1,14 @@
-"""The stores a sink job keeps, one line each: `cdc sink <name>` runs the job of the module's
-store. A store module defines the store (sinks.store) and six functions: `check(config)`
-(its settings and its server, before any Spark starts: one line naming the fix),
-`build(spark, config)`, `local(workdir)` (a throwaway server for the demo, and the settings
-that point at it), `show(config, topics)` (what a reader finds there, a line per row) and
-`counter(config)` (a RowCounter: each table's rows there, cheap enough for `cdc top` to ask
-every few seconds while the job writes) and `rebuild(config, stop)` (`cdc <name> rebuild`:
-the store filled again beside the one readers use, then switched; the lines it prints); and
-may define `followers(spark, config)`: stores the same process keeps from what the store
-holds, each by a query of its own, and `find(config, topic, field, text)`: the keys of the
-rows whose `field` matches `text` (a full-text query; the demo asks it). Everything only
-about one store lives in its folder, `sinks/stores/<name>/`; nothing else in the product
-imports from there (tests/test_layout.py), it goes through this registry. Its reader
-module (`Registration.reader`) gives `cdc verify` its side of the store: `side(config, spark)`
-(a compaction.verify.Side; `spark` makes a Spark session only if the side needs one), and may
-define `check(config)`: the settings the side needs, checked before verify reads anything.
+"""The stores a sink job keeps, and the contract each one meets: `cdc sink <name>` runs the
+job of the store registered under that name.
+
+A store is one folder, `sinks/stores/<name>/`, and one `Registration` below. Its package
+meets `StoreModule` (the store itself is a sinks.store.Store: a RowStore written on the
+executors or a TableStore on the driver), its reader module meets `ReaderModule` (its side
+of `cdc verify`), and its verbs module, if any, lists the verbs of its group beside its
+rebuild. mypy checks the three stores against the two protocols (the block at the end).
+Everything only about one store lives in its folder; nothing else in the product imports
+from there (tests/test_layout.py): the job, `cdc verify`, `cdc top`, the demo and the CLI
+go through this registry, which loads a store's modules by name when they are needed.
 """
 
 from __future__ import annotations
@@ -21,8 +16,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cdc.config import Config, ConfigError
 
@@ -33,6 +29,42 @@ if TYPE_CHECKING:
     from compaction.verify import Side
     from sinks.query import StopSignal
     from sinks.store import RowCounter, Store
+
+
+class StoreModule(Protocol):
+    """A store's package. It may also define `followers(spark, config)`: the stores the same
+    process keeps from what this one holds, each by a query of its own (the warehouse's
+    history, from its change log); and `find(config, topic, field, text)`: the keys of the
+    rows whose `field` matches `text` (a full-text query; the demo asks it)."""
+
+    def check(self, config: Config) -> None:
+        """Its settings and its server, before any Spark starts: one line naming the fix."""
+
+    def build(self, spark: SparkSession, config: Config) -> Store:
+        """The store the job writes."""
+
+    def rebuild(self, config: Config, stop: StopSignal) -> list[str]:
+        """`cdc <name> rebuild`: the store filled again beside the one readers use, then
+        switched (sinks.rebuild); the lines it prints, the last its summary."""
+
+    def local(self, workdir: Path) -> tuple[Any, dict[str, str]]:
+        """A throwaway server for the demo and the tests, and the settings (CDC_* names)
+        that point the job at it."""
+
+    def show(self, config: Config, topics: list[str]) -> list[str]:
+        """What a reader finds there, a line per row."""
+
+    def counter(self, config: Config) -> RowCounter:
+        """Each table's rows there, cheap enough for `cdc top` to ask every few seconds."""
+
+
+class ReaderModule(Protocol):
+    """A store's side of `cdc verify`. It may also define `check(config)`: the settings the
+    side needs, checked before verify reads anything."""
+
+    def side(self, config: Config, spark: Callable[[], Any]) -> Side:
+        """The digest of every row the store holds, computed where its data is (`spark`
+        makes a Spark session, only if the side needs one)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +98,9 @@ class Registration:
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
+
+    def load_reader(self) -> ModuleType:
+        return importlib.import_module(self.reader)
 
     def more_verbs(self) -> list[Verb]:
         return list(importlib.import_module(self.verbs).VERBS) if self.verbs else []
@@ -110,14 +145,14 @@ def check(name: str, config: Config) -> None:
 
 def check_reader(name: str, config: Config) -> None:
     """The settings `cdc verify`'s side of the store needs, before it reads anything."""
-    check_settings = getattr(importlib.import_module(registration(name).reader), "check", None)
+    check_settings = getattr(registration(name).load_reader(), "check", None)
     if check_settings is not None:
         check_settings(config)
 
 
 def reader(name: str, config: Config, spark: Callable[[], Any]) -> Side:
     """`cdc verify`'s side of the store (`spark` makes a Spark session, if the side needs one)."""
-    side: Side = importlib.import_module(registration(name).reader).side(config, spark)
+    side: Side = registration(name).load_reader().side(config, spark)
     return side
 
 
@@ -145,3 +180,13 @@ def build_all(name: str, spark: SparkSession, config: Config) -> list[Store]:
     module = registration(name).load()
     followers = getattr(module, "followers", None)
     return [build(name, spark, config), *(followers(spark, config) if followers else [])]
+
+
+if TYPE_CHECKING:  # each registered store meets the contract
+    from sinks.stores import cache, delta, search
+    from sinks.stores.cache import read as cache_read
+    from sinks.stores.delta import read as delta_read
+    from sinks.stores.search import read as search_read
+
+    _STORES: tuple[StoreModule, ...] = (delta, search, cache)
+    _READERS: tuple[ReaderModule, ...] = (delta_read, search_read, cache_read)
