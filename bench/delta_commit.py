@@ -96,7 +96,7 @@ def child(args: argparse.Namespace) -> None:
 
     from sinks.batch import UNAVAILABLE, TableBatch
     from sinks.spark import build_session
-    from sinks.stores.delta import DeltaStore, table_path
+    from sinks.stores.delta.store import DeltaStore, table_path
 
     conf = dict(VARIANTS[args.variant])
     if args.jfr:

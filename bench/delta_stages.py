@@ -76,9 +76,9 @@ def child(variant: str, changes: int, tables: int, batches: int, inserts: float,
 
     from sinks.batch import decode_table, table_batch
     from sinks.spark import build_session
-    from sinks.stores.delta import DeltaStore
     from sinks.stores.delta import history as delta_history
     from sinks.stores.delta.history import HistoryStore
+    from sinks.stores.delta.store import DeltaStore
     from sinks.versions import ColumnShape, Registry, Version
 
     spark = build_session("bench-delta-stages", conf=VARIANTS[variant])

@@ -293,7 +293,7 @@ class DeltaBench(StoreBench):
 
     def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
         from cdc.config import load as load_config
-        from sinks.stores.delta import log_path, table_path
+        from sinks.stores.delta.store import log_path, table_path
 
         root = load_config(str(config_path)).delta.path
         out: dict[str, Any] = {}
@@ -317,7 +317,7 @@ class DeltaBench(StoreBench):
 
     def marker_table(self, config_path: str, view: str) -> str:
         from cdc.config import load as load_config
-        from sinks.stores.delta import table_path
+        from sinks.stores.delta.store import table_path
 
         return table_path(load_config(config_path).delta.path, view, topic_name(PREFIX, "public", FRESH_TABLE))
 
@@ -355,7 +355,7 @@ class TextbookBench(DeltaBench):
 
     def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
         from cdc.config import load as load_config
-        from sinks.stores.delta import table_path
+        from sinks.stores.delta.store import table_path
 
         root = load_config(str(config_path)).delta.path
         total = 0
@@ -403,7 +403,7 @@ class CacheBench(StoreBench):
     def write_alone(self, config_path: Path, rows: list[Any], registry: Any) -> None:
         from cdc.config import load as load_config
         from sinks.rows import PartitionWriter
-        from sinks.stores.cache import CacheStore
+        from sinks.stores.cache.store import CacheStore
 
         store = CacheStore(load_config(str(config_path)).cache, PREFIX)
         store.open(resumed=False)
@@ -483,7 +483,7 @@ class SearchBench(StoreBench):
         the job makes after each batch."""
         from cdc.config import load as load_config
         from sinks.rows import PartitionWriter
-        from sinks.stores.search import SearchStore
+        from sinks.stores.search.store import SearchStore
 
         store = SearchStore(load_config(str(config_path)).search, PREFIX)
         store.open(resumed=False)
@@ -1559,7 +1559,7 @@ def measured_delta(spark: Any, config: Any) -> Any:
     """The Delta store, measured: the child's CPU (its process group: the driver and the JVM)
     and time from a batch's first store write to the bookkeeping written after its writes.
     The job has decoded and stored the batch's rows by then, so this is the writes alone."""
-    from sinks.stores.delta import DeltaStore
+    from sinks.stores.delta.store import DeltaStore
 
     class StoreCpu(DeltaStore):
         seconds = cpu_s = 0.0
@@ -1600,7 +1600,7 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--driver-memory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for name in ("sinks.stores.delta", "sinks.pipeline", "sinks.stores.delta.history"):
+    for name in ("sinks.stores.delta.store", "sinks.pipeline", "sinks.stores.delta.history"):
         logging.getLogger(name).setLevel(logging.DEBUG)  # seconds per table kind and batch
     try:
         from cdc.config import load as load_config

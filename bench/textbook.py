@@ -40,7 +40,7 @@ def batch_function(spark: Any, root: str) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from sinks.stores.delta import table_path
+    from sinks.stores.delta.store import table_path
 
     created: set[str] = set()
 

@@ -415,7 +415,7 @@ def topics_clean_truncated(config: Config, tables: tuple[str, ...]) -> None:
 @click.option("--tables", "-t", "tables", multiple=True, metavar="TABLE",
               help="Only these captured tables (schema.table, SQL-quoted where needed); repeatable.")
 @click.option("--stores", metavar="STORES", default=None,
-              help="Comma-separated stores to compare: delta, search, cache (default: every store whose sink has run).")
+              help=f"Comma-separated stores to compare: {', '.join(STORES)} (default: every store whose sink has run).")
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Seconds to wait for the topics and each store to be complete up to the snapshot.")
 @_with_config

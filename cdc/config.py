@@ -155,7 +155,7 @@ def _check_master(where: str, value: str) -> None:
         )
 
 
-def _url_secrets(value: str) -> list[str]:
+def url_secrets(value: str) -> list[str]:
     """The password of a `redis://user:password@host` URL, as written and decoded."""
     from urllib.parse import unquote, urlsplit
 
@@ -166,7 +166,7 @@ def _url_secrets(value: str) -> list[str]:
     return [password, unquote(password)] if password else []
 
 
-def _url_check(what: str, schemes: tuple[str, ...], example: str, path_alone: bool) -> Callable[[str, str], None]:
+def url_check(what: str, schemes: tuple[str, ...], example: str, path_alone: bool) -> Callable[[str, str], None]:
     """A check that a setting is a URL of one of `schemes`, with a host (or, `path_alone`, a path)."""
 
     def check(where: str, value: str) -> None:
@@ -181,12 +181,6 @@ def _url_check(what: str, schemes: tuple[str, ...], example: str, path_alone: bo
             raise ConfigError(f"{where} is not {what}: use {example}")
 
     return check
-
-
-_check_cache_url = _url_check(
-    "a Redis URL", ("redis", "rediss", "unix"), "redis://host:port/db or rediss:// for TLS", path_alone=True
-)
-_check_search_url = _url_check("an HTTP URL", ("http", "https"), "http://host:9200 or https:// for TLS", path_alone=False)
 
 
 def _check_host(where: str, value: str) -> None:
@@ -405,81 +399,6 @@ class SparkConfig:
     )
 
 
-@dataclass
-class DeltaConfig:
-    """`[delta]`: the Delta warehouse (`cdc sink delta`)."""
-
-    path: str = opt(
-        "", "folder (or `s3a://`, `abfss://` URI) of the warehouse: `current/`, `changes/` and `history/` "
-        "under it", optional=True,
-    )
-    history_interval_s: float = opt(
-        30.0, "time between the starts of the history query's batches while streaming (`history/` is kept from "
-        "the change log by a query of its own: fewer, bigger batches cost fewer commits)", low=0, high=86400,
-    )
-    history_batch_bytes: int = opt(
-        268435456, "most bytes of the change log's files one history batch reads (at least one file); bounds its "
-        "memory", low=1,
-    )
-    verify_reader: str = opt(
-        "auto", "how `cdc verify` reads `current/`: `auto`: delta-rs, without a Spark session, for a local table "
-        "of at most 64 MiB of data files that delta-rs reads (no deletion vectors, column mapping or type "
-        "widening), Spark (hashing where the data is) for the others; `spark`: always Spark; `delta-rs`: "
-        "delta-rs whatever the size (Spark still for the tables it cannot read)",
-        choices=("auto", "spark", "delta-rs"),
-    )
-
-
-@dataclass
-class CacheConfig:
-    """`[cache]`: the Redis cache (`cdc sink cache`)."""
-
-    url: str = opt(
-        "redis://127.0.0.1:6379/0", "`redis://[user:password@]host:port/db`, `rediss://` for TLS; a password "
-        "in it never reaches any output line", secret=_url_secrets, check=_check_cache_url,
-    )
-    password: str = opt("", "Redis password (AUTH), if not in the URL; never in any output", optional=True,
-                        secret=True)
-    tls_cafile: str = opt("", "with `rediss://`: CA certificates (PEM) to verify the server", optional=True)
-    marker_ttl_s: int = opt(
-        7 * 86400, "how long a delete marker (a deleted row's position) lives: longer than any replay "
-        "(a checkpoint deleted, a job stopped) may take to reach the delete", low=1,
-    )
-    row_ttl_s: int = opt(
-        0, "rows expire after this long without a write (`0`: never); at least marker_ttl_s", low=0,
-    )
-    rebuild_db: int = opt(
-        -1, "the logical database `cdc cache rebuild` fills and then swaps in (SWAPDB): empty, or an unfinished "
-        "rebuild's (`-1`: the one after the URL's)", low=-1,
-    )
-
-
-@dataclass
-class SearchConfig:
-    """`[search]`: the OpenSearch index (`cdc sink search`)."""
-
-    url: str = opt(
-        "http://127.0.0.1:9200", "OpenSearch's REST endpoint, `https://` for TLS; a password in it never reaches "
-        "any output line", secret=_url_secrets, check=_check_search_url,
-    )
-    username: str = opt("", "HTTP basic auth user, if not in the URL", optional=True)
-    password: str = opt("", "HTTP basic auth password, if not in the URL; never in any output", optional=True,
-                        secret=True)
-    tls_cafile: str = opt("", "with `https://`: CA certificates (PEM) to verify the server", optional=True)
-    refresh: str = opt(
-        "batch", "when writes become searchable: `batch` (one refresh of the batch's indexes after its writes), "
-        "`false` (the index's refresh interval, 1 s by default), or the bulk requests' `wait_for` or `true`",
-        choices=("batch", "false", "wait_for", "true"),
-    )
-    bulk_bytes: int = opt(5 * 1024 * 1024, "largest `_bulk` request body, in bytes", low=1024)
-    shards: int = opt(1, "primary shards of a new index", low=1, high=1024)
-    replicas: int = opt(1, "replicas of a new index (0 on a one-node cluster keeps it green)", low=0, high=32)
-    marker_ttl_s: int = opt(
-        7 * 86400, "how long a delete marker (a deleted row's position) lives: longer than any replay "
-        "(a checkpoint deleted, a job stopped) may take to reach the delete", low=1,
-    )
-
-
 SNAPSHOT_MODES = ("initial", "never", "initial_only", "when_needed")
 
 
@@ -491,9 +410,15 @@ class Config:
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
-    delta: DeltaConfig = field(default_factory=DeltaConfig)
-    search: SearchConfig = field(default_factory=SearchConfig)
-    cache: CacheConfig = field(default_factory=CacheConfig)
+    #: each registered store's section by its name (sinks.stores adds them: `add_store_section`),
+    #: read as `config.<name>` too
+    stores: dict[str, Any] = field(default_factory=lambda: {name: cls() for name, cls in store_sections().items()})
+
+    def __getattr__(self, name: str) -> Any:
+        stores = self.__dict__.get("stores", {})
+        if name in stores:
+            return stores[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def validate(self) -> Config:
         """Rules between settings (each value was checked on its own when read)."""
@@ -529,16 +454,13 @@ class Config:
                         f"[topic] {key} is set but security_protocol = {topic.security_protocol} never uses TLS: "
                         "set security_protocol = SSL (or SASL_SSL), or remove it"
                     )
-        cache = self.cache
-        if cache.row_ttl_s and cache.row_ttl_s < cache.marker_ttl_s:
-            raise ConfigError(
-                f"[cache] row_ttl_s = {cache.row_ttl_s} is shorter than marker_ttl_s = {cache.marker_ttl_s}: a row "
-                "would expire before a replayed delete is guarded; raise row_ttl_s (or 0: never)"
-            )
         if bool(topic.ssl_certfile) != bool(topic.ssl_keyfile):
             raise ConfigError(
                 "[topic] ssl_certfile and ssl_keyfile go together (a client certificate needs its key): set both or neither"
             )
+        for section in self.stores.values():  # a store's rules between its own settings
+            if hasattr(section, "validate"):
+                section.validate()
         return self
 
 
@@ -685,23 +607,50 @@ class Setting:
             ) from None
 
 
-def _settings() -> list[Setting]:
-    """The table, read from the dataclasses; a field declared without `opt()` is refused here."""
+def _section_settings(name: str, cls: type) -> list[Setting]:
+    """A section's rows, read from its dataclass; a field declared without `opt()` is refused here."""
+    hints = get_type_hints(cls)
+    defaults = cls()
     out = []
-    sections = get_type_hints(Config)
-    for section in fields(Config):
-        cls = sections[section.name]
-        hints = get_type_hints(cls)
-        defaults = cls()
-        for f in fields(cls):
-            if "help" not in f.metadata:
-                raise TypeError(f"[{section.name}] {f.name} is declared without opt(): give it its help and checks")
-            out.append(Setting(section.name, f.name, hints[f.name], getattr(defaults, f.name), **f.metadata))
+    for f in fields(cls):
+        if "help" not in f.metadata:
+            raise TypeError(f"[{name}] {f.name} is declared without opt(): give it its help and checks")
+        out.append(Setting(name, f.name, hints[f.name], getattr(defaults, f.name), **f.metadata))
     return out
 
 
-SETTINGS: list[Setting] = _settings()
-SECTIONS = {f.name: f.type for f in fields(Config)}
+_CORE = {name: cls for name, cls in get_type_hints(Config).items() if name != "stores"}
+#: every setting: the core sections', then each registered store's (`add_store_section`)
+SETTINGS: list[Setting] = [row for name, cls in _CORE.items() for row in _section_settings(name, cls)]
+#: every section by its name, the stores' included
+SECTIONS: dict[str, type] = dict(_CORE)
+#: the stores' sections, in the order they were registered
+STORE_SECTIONS: dict[str, type] = {}
+
+
+#: where the stores register their sections: the sink side's registry, imported by name the
+#: first time the sections are needed, so that a store's settings live in its own folder and
+#: every caller of `load` (the CLI, a bench, a test) knows them
+STORE_REGISTRY = "sinks.stores"
+
+
+def store_sections() -> dict[str, type]:
+    """The stores' sections (the registry registers every store the first time it is asked)."""
+    import importlib
+
+    importlib.import_module(STORE_REGISTRY).load_all()
+    return STORE_SECTIONS
+
+
+def add_store_section(name: str, cls: type) -> None:
+    """A store's `[name]` section (a dataclass of `opt()` fields; its optional `validate()` holds
+    the rules between its settings): the loader reads it, the settings table lists it."""
+    if name in SECTIONS:
+        if STORE_SECTIONS.get(name) is cls:
+            return
+        raise ValueError(f"section [{name}] is registered already")
+    SETTINGS.extend(_section_settings(name, cls))
+    SECTIONS[name] = STORE_SECTIONS[name] = cls
 
 
 def _env_name(prefix: str, key: str) -> str:
@@ -734,6 +683,7 @@ def load(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | N
             ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    store_sections()
     sections = list(SECTIONS)
     for name in raw:
         if name not in SECTIONS:
@@ -778,7 +728,7 @@ def secrets_of(config: Config) -> list[str]:
 
 def as_dict(config: Config, hide_secrets: bool = True) -> dict[str, Any]:
     """The effective configuration, for `cdc config`; secrets are masked."""
-    out = dataclasses.asdict(config)
+    out = {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
     if hide_secrets:
         from cdc.redact import Redactor
 
@@ -794,6 +744,7 @@ def as_dict(config: Config, hide_secrets: bool = True) -> dict[str, Any]:
 
 def settings_markdown() -> str:
     """The README's configuration table, generated from SETTINGS (tests/test_config.py keeps them equal)."""
+    store_sections()
     lines = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
     for s in SETTINGS:
         if s.default in ("", []):

@@ -17,6 +17,7 @@ from cdc.config import TopicConfig
 from cdc.kafka.clients import producer
 from cdc.kafka.follow import Follower
 from cdc.kafka.reader import read_topic
+from cdc.kafka.topics import ClientErrors, TopicError, connect_failure
 
 SINKS_SUFFIX = "__cdc_sinks"
 
@@ -27,17 +28,23 @@ def sinks_topic(prefix: str) -> str:
 
 def read_progress(config: TopicConfig) -> dict[str, dict[str, Any]]:
     """Every sink job's latest progress record, by job name ({} when no job ever ran)."""
+    from kafka.errors import KafkaError
+
     out: dict[str, dict[str, Any]] = {}
+    seen = ClientErrors()
     try:
-        for record in read_topic(config, sinks_topic(config.prefix), idle_timeout_s=10):
-            if record.key is None:
-                continue
-            if record.value is None:  # a job that is gone (a finished rebuild)
-                out.pop(record.key.decode(), None)
-            else:
-                out[record.key.decode()] = orjson.loads(record.value)
+        with seen:
+            for record in read_topic(config, sinks_topic(config.prefix), idle_timeout_s=10):
+                if record.key is None:
+                    continue
+                if record.value is None:  # a job that is gone (a finished rebuild)
+                    out.pop(record.key.decode(), None)
+                else:
+                    out[record.key.decode()] = orjson.loads(record.value)
     except LookupError:
         return {}
+    except KafkaError as exc:  # one line naming the fix (an unreachable broker, TLS, SASL)
+        raise TopicError(connect_failure(config, type(exc).__name__, seen.texts)) from None
     return out
 
 

@@ -421,7 +421,7 @@ class Sink:
     def kill9_after(self, lines: tuple[str, ...]) -> None:
         """Per line: start streaming (logging at DEBUG), wait for a completed batch, then kill -9
         the job as soon as its log has one more `line`: a step of a batch that the job logs
-        when it is done (`sinks.stores.delta: public.acct: current`: between the `current` MERGE and the
+        when it is done (`sinks.stores.delta.store: public.acct: current`: between the `current` MERGE and the
         change log's append), so the kill lands between two of the batch's commits."""
         for line in lines:
             self.start(env={"CDC_DAEMON_LOG_LEVEL": "DEBUG"})

@@ -460,7 +460,8 @@ def test_table_mistakes(case, db, config_for, topic_prefix, broker_servers):
 
 
 def test_broker_unreachable(db, config_for, topic_prefix):
-    """`cdc run` and `cdc tail` (run side by side: each waits out a client timeout)."""
+    """`cdc run`, `cdc tail`, `cdc status` and `cdc verify` (run side by side: each waits out a
+    client timeout)."""
     db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
     slot = slot_of(topic_prefix)
     before = make_slot(db, slot)
@@ -473,9 +474,11 @@ def test_broker_unreachable(db, config_for, topic_prefix):
         result = cdc(*args, "--config", str(config), timeout=90)
         return time.monotonic() - started, result
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=4) as pool:
         running, tailing = pool.submit(timed, "run"), pool.submit(timed, "tail", "public.t")
+        statuses, verifying = pool.submit(timed, "status"), pool.submit(timed, "verify")
         (run_s, run_result), (tail_s, tail_result) = running.result(), tailing.result()
+        (_, status_result), (_, verify_result) = statuses.result(), verifying.result()
 
     message = refused(run_result)
     assert run_s < 30
@@ -488,6 +491,12 @@ def test_broker_unreachable(db, config_for, topic_prefix):
         f"cannot read topic {topic_prefix}.public.t from the Kafka broker at 127.0.0.1:{port} (KafkaTimeoutError): "
         "start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS"
     )
+    # the sink jobs' progress records, read by both (a traceback before)
+    for result in (status_result, verify_result):
+        assert refused(result) == (
+            f"cannot reach the Kafka broker at 127.0.0.1:{port} (KafkaTimeoutError): "
+            "start it or fix [topic] bootstrap_servers / CDC_TOPIC_BOOTSTRAP_SERVERS"
+        )
 
 
 def test_broker_refuses_to_create_the_topic(db, config_for, topic_prefix):

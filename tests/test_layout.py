@@ -133,6 +133,26 @@ def test_a_store_is_one_folder_that_only_the_registry_reaches() -> None:
         if names:
             wrong[module] = names
     assert wrong == {}
+    # nor names one: its config section (`config.cache`, "[cache] url"), its name as a word
+    # in a string, its classes (`CacheStore`, `SearchUnavailable`)
+    def classes_of(inside: bool) -> set[str]:
+        return {node.name for module, tree in MODULES.items() if _under(module, tuple(folders)) == inside
+                for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+    classes = classes_of(True) - classes_of(False)  # a store's own (its Generations meets the shared protocol)
+    named: dict[str, list[str]] = {}
+    for module, tree in MODULES.items():
+        if module == "sinks.stores" or any(_under(module, (f,)) for f in folders):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in STORES and "config" in ast.unparse(node.value).lower():
+                named.setdefault(module, []).append(ast.unparse(node))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
+                    node.value == name or f"[{name}]" in node.value for name in STORES):
+                named.setdefault(module, []).append(repr(node.value)[:60])
+            elif isinstance(node, ast.Name) and node.id in classes:
+                named.setdefault(module, []).append(node.id)
+    assert named == {}
     for name, registration in STORES.items():  # and the registry names modules of the store's own folder
         for module in (registration.module, registration.reader, *([registration.verbs] if registration.verbs else [])):
             assert _under(module, (f"sinks.stores.{name}",)) and module in MODULES, (name, module)
@@ -200,3 +220,16 @@ def test_sinks_load_without_psycopg_or_the_c_extension() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_command_line_starts_without_spark_or_any_store_client() -> None:
+    """The capture image has no Spark, Delta or store clients, and every `cdc` command loads
+    the store registry (its verbs, its config sections) at start: the registry and each
+    store's package read only settings and names; a store's code loads when a verb runs."""
+    probe = (
+        "import sys, cdc.cli; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pyspark', 'delta', 'deltalake', 'pyarrow', 'redis', "
+        "'py4j'}), sorted(m for m in sys.modules if m.startswith('sinks.stores.') and m.count('.') > 2))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["[]", "['sinks.stores.delta.verbs']"]

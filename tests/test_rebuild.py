@@ -181,9 +181,10 @@ def test_a_delta_rebuild_replaces_current_while_readers_and_the_job_go_on(
 
 
 def test_a_cache_rebuild_names_its_databases_and_refuses_a_cluster() -> None:
-    from cdc.config import CacheConfig, ConfigError
-    from sinks.stores.cache import Settings
+    from cdc.config import ConfigError
+    from sinks.stores.cache import CacheConfig
     from sinks.stores.cache.generations import Generations
+    from sinks.stores.cache.store import Settings
 
     settings = Settings("rediss://:pw@h:6380/3?ssl_cert_reqs=none", "", "", 1000, 0)
     assert (settings.db, settings.in_db(7).url) == (3, "rediss://:pw@h:6380/7?ssl_cert_reqs=none")

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import redis
 
-from cdc.config import CacheConfig, TopicConfig
+from cdc.config import TopicConfig
 from cdc.kafka.reader import read_topic
 from cdc.local.process import free_port
 from cdc.local.redis import LocalRedis
@@ -22,7 +22,8 @@ from cdc.redact import display_url
 from compaction.table import build
 from sinks.latest import COLUMNS, as_rows, canonical_key, fold, position
 from sinks.rows import PartitionWriter
-from sinks.stores.cache import CacheWriter, Settings, guarded, round_trip
+from sinks.stores.cache import CacheConfig
+from sinks.stores.cache.store import CacheWriter, Settings, guarded, round_trip
 from tests.support import (
     Sink,
     acct_on_a_cluster,

@@ -475,9 +475,9 @@ def _check_exactly_once(spark: SparkSession, warehouse: Path, db: Any, servers: 
 # between a batch's commits: `current` committed, not the change log; the change log committed,
 # not the checkpoint; a history MERGE committed, not its query's checkpoint
 KILL_POINTS = {
-    "current": "DEBUG sinks.stores.delta: public.acct: current ",
-    "changes": "DEBUG sinks.stores.delta: changes: ",
-    "history": "DEBUG sinks.stores.delta: public.acct: history ",
+    "current": "DEBUG sinks.stores.delta.store: public.acct: current ",
+    "changes": "DEBUG sinks.stores.delta.store: changes: ",
+    "history": "DEBUG sinks.stores.delta.store: public.acct: history ",
 }
 
 

@@ -26,7 +26,7 @@ from cdc.local.redis import LocalRedis
 from sinks import runner
 from sinks.query import ensure_topics
 from sinks.store import SinkStopped, StoreUnavailable
-from sinks.stores.cache import CacheStore
+from sinks.stores.cache.store import CacheStore
 from tests.support import wait_caught_up, wait_for, write_config
 
 
@@ -297,7 +297,7 @@ def test_a_table_that_fails_leaves_the_other_tables_rows_to_their_threads(
 ) -> None:
     """Tables are written in parallel threads; the batch's stored rows are freed only after
     every thread is done with them, also when one table failed early."""
-    from sinks.stores.delta import DeltaStore
+    from sinks.stores.delta.store import DeltaStore
 
     db.execute("CREATE TABLE public.a (id int PRIMARY KEY)")
     db.execute("CREATE TABLE public.b (id int PRIMARY KEY)")

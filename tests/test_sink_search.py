@@ -378,8 +378,8 @@ def test_an_unreachable_index_is_one_line(tmp_path: Path) -> None:
 
 
 def test_delete_markers_expire_when_the_job_starts(opensearch: LocalOpenSearch, topic_prefix: str) -> None:
-    from cdc.config import SearchConfig
-    from sinks.stores.search import SearchStore
+    from sinks.stores.search import SearchConfig
+    from sinks.stores.search.store import SearchStore
 
     base, alias = opensearch.url, alias_name(f"{topic_prefix}.public.t")
     _ok(base, "PUT", f"/{markers_name(alias)}", {"settings": {"index": {"hidden": True, "number_of_replicas": 0}}})
@@ -396,8 +396,8 @@ def test_markers_that_cannot_expire_are_reported_not_counted(
 ) -> None:
     """The expiry judges its `_bulk` answer: a markers index that refuses writes keeps its markers
     and the log says so, instead of counting them expired."""
-    from cdc.config import SearchConfig
-    from sinks.stores.search import SearchStore
+    from sinks.stores.search import SearchConfig
+    from sinks.stores.search.store import SearchStore
 
     base, alias = opensearch.url, alias_name(f"{topic_prefix}.public.t")
     _ok(base, "PUT", f"/{markers_name(alias)}", {"settings": {"index": {"hidden": True, "number_of_replicas": 0}}})
@@ -405,7 +405,7 @@ def test_markers_that_cannot_expire_are_reported_not_counted(
     _ok(base, "PUT", f"/{markers_name(alias)}/_doc/1?version=5&version_type=external_gte&refresh=true", {"at": old})
     _ok(base, "PUT", f"/{markers_name(alias)}/_settings", {"index": {"blocks": {"write": True}}})
     try:
-        with caplog.at_level(logging.INFO, logger="sinks.stores.search"):
+        with caplog.at_level(logging.INFO, logger="sinks.stores.search.store"):
             SearchStore(SearchConfig(url=base, replicas=0, marker_ttl_s=60), topic_prefix).open(resumed=False)
     finally:
         _ok(base, "PUT", f"/{markers_name(alias)}/_settings", {"index": {"blocks": {"write": False}}})

@@ -29,7 +29,7 @@ from cdc.naming import is_table_topic
 from cdc.source.pgtypes import BUILTIN_TYPES
 from sinks.pipeline import drained
 from sinks.spark_types import POINT, numeric_precision, spark_type
-from sinks.stores.delta import needs_column_mapping, table_path, widens
+from sinks.stores.delta.store import needs_column_mapping, table_path, widens
 from sinks.topics import spark_options, subscription
 from sinks.versions import ColumnShape, Registry, Version
 
@@ -482,7 +482,7 @@ def test_a_partition_writer_fills_toasted_values_from_the_store_and_hands_back_w
 def test_guard_calls_packed_column_by_column_are_the_commands_redis_reads() -> None:
     import pyarrow as pa
 
-    from sinks.stores.cache import GUARD_SHA, META, _command, guarded_calls
+    from sinks.stores.cache.store import GUARD_SHA, META, _command, guarded_calls
 
     packed = guarded_calls(pa.array(['t:{"id":"é"}', "t:{}"]), pa.array(["u", "d"]), pa.array(["p1", ""]),
                            pa.array([2, 0], pa.int32()), pa.array([10, 11]), pa.array([b'{"v":"a\r\nb"}', b""]),
@@ -500,9 +500,9 @@ def test_search_upserts_packed_column_by_column_are_the_documents_of_the_row_pat
     """A table whose rows need no converting has its upserts packed from the columns; one with
     dates goes row by row: both give the action and `_source` the row-by-row writer gave."""
     from sinks.latest import changes_table, position
-    from sinks.stores.search import SearchWriter, Settings
     from sinks.stores.search.opensearch import versioned
     from sinks.stores.search.shapes import Documents
+    from sinks.stores.search.store import SearchWriter, Settings
     from sinks.versions import Version
 
     plain = Version("public", "p", "x.public.p", 0, (_column("id", "int4", {"type": "int32"}, key=True),

@@ -267,10 +267,10 @@ def _tamper_topic(stack: Stack, key: bytes, note: str) -> None:
 def test_tampered_sides_are_reported_and_exit_1(stack: Stack) -> None:
     import redis
 
-    from sinks.stores.delta import table_path
-    from sinks.stores.search import Settings
+    from sinks.stores.delta.store import table_path
     from sinks.stores.search.opensearch import path_of as _path
     from sinks.stores.search.shapes import alias_name
+    from sinks.stores.search.store import Settings
 
     wait_caught_up(stack.dsn, slot_of(stack.config.topic.prefix))
     target = current_lsn(stack.dsn)  # a --once run is complete up to the last heartbeat it reads: one past the writes

@@ -191,11 +191,11 @@ class _Waiter:
 
 def _sides(config: Config, stores: list[str] | None) -> tuple[list[str], list[str]]:
     """The stores to compare: those asked for, or those whose sink has recorded progress."""
+    unknown = [s for s in stores or [] if s not in registry.STORES]
+    if unknown:  # before any server is asked
+        raise ConfigError(f"unknown store {unknown[0]!r} in --stores: use {', '.join(registry.STORES)}")
     ran = [s for s in registry.STORES if s in read_progress(config.topic)]
     chosen = ran if stores is None else stores
-    unknown = [s for s in chosen if s not in registry.STORES]
-    if unknown:
-        raise ConfigError(f"unknown store {unknown[0]!r} in --stores: use {', '.join(registry.STORES)}")
     for name in chosen:
         registry.check_reader(name, config)
     return chosen, ran

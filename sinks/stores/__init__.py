@@ -14,13 +14,13 @@ go through this registry, which loads a store's modules by name when they are ne
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cdc.config import Config, ConfigError
+from cdc.config import Config, ConfigError, add_store_section
 
 if TYPE_CHECKING:
     import click
@@ -80,21 +80,35 @@ class Verb:
 
 @dataclass(frozen=True)
 class Registration:
+    """A store, as its package's `REGISTRATION` gives it: its name (`cdc sink <name>`, its
+    `[name]` section, its `cdc <name>` verbs), its words for the CLI and the demo, its settings,
+    and the package holding its modules: `store` (a StoreModule), `read` (a ReaderModule)
+    and, with `has_verbs`, `verbs` (a list VERBS)."""
+
     name: str
-    module: str
-    #: the module of `cdc verify`'s side of the store
-    reader: str
-    #: the `[section]` of the config file with the store's settings
-    section: str
     #: what the store is, for `cdc sink --help`
     what: str
     #: what the job makes of the topics there, for `cdc demo`
     story: str
-    #: what `cdc <name> rebuild` does, for its --help (the module's `rebuild(config, stop)`)
+    #: what `cdc <name> rebuild` does, for its --help (the store module's `rebuild(config, stop)`)
     rebuilds: str
-    #: the module whose VERBS the store's group has beside its rebuild (light to import: the CLI
-    #: lists them at start); none: the rebuild alone
-    verbs: str = ""
+    #: the dataclass of its `[name]` section (cdc.config.opt fields; an optional `validate()`)
+    settings: type
+    #: the package of its modules (its folder)
+    package: str
+    has_verbs: bool = False
+
+    @property
+    def module(self) -> str:
+        return f"{self.package}.store"
+
+    @property
+    def reader(self) -> str:
+        return f"{self.package}.read"
+
+    @property
+    def verbs(self) -> str:
+        return f"{self.package}.verbs" if self.has_verbs else ""
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -103,32 +117,60 @@ class Registration:
         return importlib.import_module(self.reader)
 
     def more_verbs(self) -> list[Verb]:
-        return list(importlib.import_module(self.verbs).VERBS) if self.verbs else []
+        return list(importlib.import_module(self.verbs).VERBS) if self.has_verbs else []
 
 
-STORES: dict[str, Registration] = {r.name: r for r in (
-    Registration("delta", "sinks.stores.delta", "sinks.stores.delta.read", "delta", "the Delta warehouse under [delta] path",
-                 "a Delta warehouse: current/ (the tables now), changes (every event, one log) and history/ (every "
-                 "version)",
-                 "Fill every table's current/ again from the topics in a folder of its own, then replace each "
-                 "table's rows in one commit: readers read the version before it until then (time travel keeps "
-                 "it). changes/ and history/ are not the topics' to restore (see rebuild-history). A running "
-                 "`cdc sink delta` goes on, paused between two of its batches for the switch; on [spark] master = "
-                 "spark://... it runs on the cluster.", verbs="sinks.stores.delta.verbs"),
-    Registration("search", "sinks.stores.search", "sinks.stores.search.read", "search", "the OpenSearch index at [search] url",
-                 "OpenSearch, an index per table behind an alias named after its topic, _id = the key's JSON, "
-                 "_source = the row",
-                 "Fill every table's index again from the topics, beside the current one, then swap the aliases "
-                 "in one step and drop the old indexes: readers never see an index missing or half full. Adopts "
-                 "new mappings (a column whose type changed). A running `cdc sink search` may go on; on [spark] "
-                 "master = spark://... it runs on the cluster."),
-    Registration("cache", "sinks.stores.cache", "sinks.stores.cache.read", "cache", "the Redis cache at [cache] url",
-                 "Redis, GET <topic>:<key JSON> = the row",
-                 "Fill the cache again from the topics into another Redis database ([cache] rebuild_db), then "
-                 "swap it in with SWAPDB and flush the old one: GET readers never see the cache missing or half "
-                 "full. A running `cdc sink cache` may go on; on [spark] master = spark://... it runs on the "
-                 "cluster."),
-)}
+#: the stores cdc ships, by package; others join through the `cdc.stores` entry point group
+#: (an installed package's `REGISTRATION`)
+BUILT_IN = ("sinks.stores.delta", "sinks.stores.search", "sinks.stores.cache")
+
+
+class _Stores(Mapping[str, Registration]):
+    """Every store by its name, registered on first use: the built-in ones, then the entry
+    points'. Not at import: a store's package imports this module for `Registration`, and a
+    Spark worker unpickling a store's writer imports that package first."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Registration] = {}
+        self._loaded = False
+
+    def _all(self) -> dict[str, Registration]:
+        if not self._loaded:
+            self._loaded = True
+            from importlib.metadata import entry_points
+
+            for package in BUILT_IN:
+                register(importlib.import_module(package).REGISTRATION)
+            for entry in entry_points(group="cdc.stores"):
+                register(entry.load())
+        return self._by_name
+
+    def __getitem__(self, name: str) -> Registration:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+STORES = _Stores()
+
+
+def register(store: Registration) -> None:
+    """A store joins: the CLI's verbs, the job, `cdc verify`, `cdc top`, the demo and the
+    config loader (its `[name]` section) find it from here on."""
+    known = STORES._by_name
+    if store.name in known and known[store.name] != store:
+        raise ValueError(f"a store named {store.name!r} is registered already")
+    known[store.name] = store
+    add_store_section(store.name, store.settings)
+
+
+def load_all() -> None:
+    """Register every store now (the config loader asks, by name, for their sections)."""
+    STORES._all()
 
 
 def registration(name: str) -> Registration:
@@ -182,11 +224,14 @@ def build_all(name: str, spark: SparkSession, config: Config) -> list[Store]:
     return [build(name, spark, config), *(followers(spark, config) if followers else [])]
 
 
-if TYPE_CHECKING:  # each registered store meets the contract
-    from sinks.stores import cache, delta, search
+if TYPE_CHECKING:  # each built-in store meets the contract
     from sinks.stores.cache import read as cache_read
+    from sinks.stores.cache import store as cache
     from sinks.stores.delta import read as delta_read
+    from sinks.stores.delta import store as delta
     from sinks.stores.search import read as search_read
+    from sinks.stores.search import store as search
 
     _STORES: tuple[StoreModule, ...] = (delta, search, cache)
     _READERS: tuple[ReaderModule, ...] = (delta_read, search_read, cache_read)
+

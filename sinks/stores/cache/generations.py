@@ -20,9 +20,10 @@ import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from cdc.config import CacheConfig, Config, ConfigError
+from cdc.config import Config, ConfigError
 from cdc.naming import is_table_topic
-from sinks.stores.cache import META, PIPELINE_KEYS, CacheStore, Settings, _topic_of
+from sinks.stores.cache import CacheConfig
+from sinks.stores.cache.store import META, PIPELINE_KEYS, CacheStore, Settings, _topic_of
 
 if TYPE_CHECKING:
     from sinks.query import StopSignal

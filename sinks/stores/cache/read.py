@@ -2,7 +2,7 @@
 
 The cache has no compute of its own, so its rows are read in bulk (SCAN over `<topic>:*`, MGET
 in chunks: the keys a reader could GET, including any that got there without the sink) and
-hashed as they arrive. Positions come from the hash beside each row (sinks.stores.cache): a delete
+hashed as they arrive. Positions come from the hash beside each row (sinks.stores.cache.store): a delete
 marker says where a row went. To be folded into the store (sinks.store) as its read side.
 """
 
@@ -14,11 +14,12 @@ from typing import Any
 
 import orjson
 
-from cdc.config import CacheConfig, Config
+from cdc.config import Config
 from compaction.canonical import row_values
 from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 from sinks.latest import parse_position
-from sinks.stores.cache import META, PIPELINE_KEYS, Settings, row_key
+from sinks.stores.cache import CacheConfig
+from sinks.stores.cache.store import META, PIPELINE_KEYS, Settings, row_key
 
 
 class CacheSide:

@@ -35,7 +35,7 @@ from sinks.pipeline import SinkJob
 from sinks.query import StopSignal, ensure_topics
 from sinks.runner import checkpoint
 from sinks.store import SinkStopped
-from sinks.stores.delta import DeltaStore
+from sinks.stores.delta.store import DeltaStore
 from sinks.topics import read_range
 
 log = logging.getLogger(__name__)

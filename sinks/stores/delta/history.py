@@ -1,7 +1,7 @@
 """`history/`: SCD type 2, kept from the warehouse's change log by a streaming query of its own.
 
 `cdc sink delta` runs two queries in one process: the topics into `current/` and the change
-log (sinks.stores.delta), and this one, the change log (Delta as a streaming source) into
+log (sinks.stores.delta.store), and this one, the change log (Delta as a streaming source) into
 `history/`, with its own checkpoint (`<checkpoint_dir>/delta-history`) and trigger (`[delta]
 history_interval_s`). The current state never waits for history's MERGEs, and history makes
 one commit per table per batch of its own, which gathers many of the job's batches.
@@ -39,7 +39,8 @@ from sinks.envelope import CHANGE_COLUMNS
 from sinks.pipeline import Feed
 from sinks.progress import Completed
 from sinks.store import Truncate
-from sinks.stores.delta import (
+from sinks.stores.delta import scd2
+from sinks.stores.delta.store import (
     HISTORY_META,
     Warehouse,
     above,
@@ -47,7 +48,6 @@ from sinks.stores.delta import (
     ensure_log,
     log_path,
     q,
-    scd2,
     table_path,
 )
 from sinks.topics import SchemaFeed

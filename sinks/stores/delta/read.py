@@ -35,8 +35,8 @@ import pyarrow.ipc
 from cdc.config import Config, ConfigError
 from compaction.canonical import row_values
 from compaction.verify import Digest, Found, Side, TableSpec, digest_of, hashes_of
-from sinks.stores.delta import table_path
 from sinks.stores.delta.read_spark import event_value
+from sinks.stores.delta.store import end_child, table_path
 
 log = logging.getLogger(__name__)
 
@@ -171,15 +171,7 @@ class DeltaRsReader:
                 frames.close()
 
     def close(self) -> None:
-        if self.child.stdin is not None:
-            self.child.stdin.close()
-        try:
-            self.child.wait(10)
-        except subprocess.TimeoutExpired:
-            self.child.kill()
-            self.child.wait()
-        if self.child.stdout is not None:
-            self.child.stdout.close()
+        end_child(self.child)
         self._errors.close()
 
 

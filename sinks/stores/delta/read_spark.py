@@ -51,7 +51,7 @@ from compaction.canonical import (
 )
 from compaction.verify import Digest, Found, TableSpec
 from sinks.spark_types import _INFINITY_US as INFINITY_US
-from sinks.stores.delta import table_path
+from sinks.stores.delta.store import table_path
 
 _INFINITY_US = {micros: text for text, micros in INFINITY_US.items()}  # how the warehouse holds them, the other way
 

@@ -14,14 +14,14 @@ from cdc.config import Config
 from sinks.stores import Verb
 
 if TYPE_CHECKING:
-    from sinks.stores.delta import DeltaStore
+    from sinks.stores.delta.store import DeltaStore
 
 
 @contextmanager
 def _warehouse(config: Config, conf: dict[str, str] | None = None) -> Iterator[DeltaStore]:
     from sinks.spark import job_session
     from sinks.stores import check
-    from sinks.stores.delta import DeltaStore
+    from sinks.stores.delta.store import DeltaStore
 
     check("delta", config)
     with job_session("cdc-delta-maintenance", config.spark, master="local[2]", conf=conf) as spark:

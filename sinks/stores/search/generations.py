@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from cdc.config import Config
 from sinks.query import StopSignal, ensure_topics
-from sinks.stores.search import SearchStore
+from sinks.stores.search.store import SearchStore
 
 
 class Generations:

@@ -17,9 +17,10 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import orjson
 
-from cdc.config import ConfigError, SearchConfig
+from cdc.config import ConfigError
 from cdc.redact import display_url
 from sinks.store import StoreUnavailable
+from sinks.stores.search import SearchConfig
 
 log = logging.getLogger(__name__)
 

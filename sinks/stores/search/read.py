@@ -14,13 +14,14 @@ from collections.abc import Callable, Iterator
 from datetime import date, datetime
 from typing import Any
 
-from cdc.config import Config, SearchConfig
+from cdc.config import Config
 from compaction.canonical import row_values
 from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 from sinks.latest import parse_position
-from sinks.stores.search import Settings
+from sinks.stores.search import SearchConfig
 from sinks.stores.search.opensearch import path_of, scroll
 from sinks.stores.search.shapes import POSITION, alias_name, markers_name
+from sinks.stores.search.store import Settings
 
 _TIMESTAMPS = {"io.debezium.time.Timestamp": 1000, "io.debezium.time.MicroTimestamp": 1}  # event unit in µs
 _EPOCH = datetime(1970, 1, 1)

@@ -177,7 +177,7 @@ class Documents:
     def plain(self, topic: str) -> bool:
         """Whether every version of the table takes its rows as they are (no column to convert,
         none named like the position): a document is then the row's JSON with the position
-        added (sinks.stores.search packs those column by column)."""
+        added (sinks.stores.search.store packs those column by column)."""
         return not any(c.name == POSITION or _converter(c.connect) is not None
                        for version in self.registry.versions(topic) for c in version.columns)
 

@@ -1,0 +1,577 @@
+"""The search index: OpenSearch, one index per table, read through an alias named after its topic.
+
+Written from the executors (sinks.rows), one `_bulk` stream per chunk of last changes.
+Every document is versioned by its commit LSN (`version_type=external_gte`), so a replayed
+or duplicated batch changes nothing (OpenSearch answers 409, a skipped stale write), and
+carries its full position in `_cdc_pos` (stored, out of `_source`), which a truncate
+compares. OpenSearch forgets a deleted document's version after `index.gc_deletes` (60 s)
+and on a restart, so each delete also writes a marker, the key at the delete's position, in
+the table's `<alias>-markers` index; an upsert is sent only when no marker holds its
+position or a later one. Markers live `[search] marker_ttl_s`. The job's bookkeeping is a
+document in `<prefix>-msink`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
+
+from cdc.config import Config, ConfigError
+from sinks.json_columns import compact_json, concatenated, json_strings
+from sinks.rows import CHUNK_KEYS, Rejected, RowStore, RowWriter
+from sinks.store import SinkStopped, StoreLost
+from sinks.stores.search import SearchConfig
+from sinks.stores.search.opensearch import (
+    Action,
+    Bulk,
+    Client,
+    Endpoint,
+    check_reachable,
+    create_index,
+    path_of,
+    reason,
+    scroll,
+    versioned,
+)
+from sinks.stores.search.shapes import (
+    POSITION,
+    REBUILD_SUFFIX,
+    Documents,
+    alias_name,
+    generation,
+    index_name,
+    mapping,
+    markers_name,
+    rebuild_alias,
+)
+from sinks.versions import Registry, Version
+
+if TYPE_CHECKING:
+    from sinks.query import StopSignal
+
+log = logging.getLogger(__name__)
+
+MARKER_MAPPING = {"dynamic": "strict", "properties": {
+    "at": {"type": "date", "format": "epoch_millis"}, "pos": {"type": "keyword"},
+}}
+META_INDEX_SUFFIX = "-msink"  # `-m`: never in an alias
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What an executor needs to write (picklable: it travels with the partition function)."""
+
+    endpoint: Endpoint
+    refresh: str
+    bulk_bytes: int
+    marker_ttl_ms: int
+    rebuild: bool = False  # write through the rebuild's aliases, not the readers'
+
+    @classmethod
+    def of(cls, config: SearchConfig, rebuild: bool = False) -> Settings:
+        return cls(Endpoint.of(config), config.refresh, config.bulk_bytes, config.marker_ttl_s * 1000, rebuild)
+
+    def target(self, alias: str) -> str:
+        """Where the writes for the readers' `alias` go."""
+        return rebuild_alias(alias) if self.rebuild else alias
+
+    def client(self) -> Client:
+        return self.endpoint.client()
+
+    def bulk(self, client: Client) -> Bulk:
+        return Bulk(client, self.bulk_bytes, self.refresh)
+
+
+def marker(alias: str, key: str, version: int, pos: str, now_ms: int) -> Action:
+    return Action(versioned("index", markers_name(alias), key, version, alias=False)
+                  + orjson.dumps({"at": now_ms, "pos": pos}) + b"\n", None)
+
+
+def _stored_position(doc: dict[str, Any]) -> str:
+    """A document's position as `_mget` or a search returns it (stored_fields)."""
+    return (doc.get("fields") or {}).get(POSITION, [""])[0]
+
+
+class SearchWriter(RowWriter):
+    """Writes last changes as versioned `_bulk` actions (runs on the executors, and on the
+    driver for a truncate)."""
+
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        self.settings = settings
+        self.documents = Documents(registry)
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        assert self._client is not None, "open() the writer first"
+        return self._client
+
+    def open(self) -> None:
+        self._client = self.settings.client()
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def held(self, topic: str, keys: list[str], columns: set[str]) -> list[dict[str, Any] | None]:
+        target = self.settings.target(alias_name(topic))
+        docs = [{"_index": target, "_id": key, "_source": sorted(columns)} for key in keys]
+        found = self.client.ok("POST", "/_mget", {"docs": docs})["docs"]
+        return [doc.get("_source") if doc.get("found") else None for doc in found]
+
+    def write(self, changes: pa.Table) -> list[Rejected]:
+        bulk = self.settings.bulk(self.client)
+        for actions in self._actions(changes):
+            bulk.send(actions)
+        return bulk.rejected
+
+    #: what `_actions` reads of each `_mget` answer (the rest is not sent, nor parsed)
+    LOOKUP = "/_mget?filter_path=docs.found,docs._version,docs._source,docs.fields,docs.error"
+
+    def _actions(self, changes: pa.Table) -> Iterator[list[Action]]:
+        """The actions of `changes` (sinks.latest.LAST), CHUNK_KEYS changes at a time, each
+        chunk after one look-up of its markers (and, after them, of the documents that
+        tombstones without a position delete). The look-ups, and the upserts of tables whose
+        rows need no converting, are packed column by column for all of `changes` first."""
+        topics, keys, kinds, lsns, positions, partitions, offsets = (
+            changes[name].to_pylist() for name in ("topic", "key", "kind", "lsn", "pos", "partition", "offset")
+        )
+        names = sorted(set(topics))
+        aliases = {topic: alias_name(topic) for topic in names}
+        targets = {topic: self.settings.target(alias) for topic, alias in aliases.items()}
+        which = pc.index_in(changes["topic"], value_set=pa.array(names, pa.string()))
+
+        def per_topic(value: dict[str, str]) -> pa.ChunkedArray:
+            return pc.take(pa.array([orjson.dumps(value[topic]) for topic in names], pa.binary()), which)
+
+        ids = json_strings(changes["key"])
+        lookups = pc.binary_join_element_wise(
+            b',{"_index":', per_topic({t: markers_name(a) for t, a in aliases.items()}), b',"_id":', ids,
+            b',"_source":["pos"]}', b"",
+        )
+        rows = compact_json(changes["row"])
+        plain = pc.and_(
+            pc.is_in(changes["topic"], value_set=pa.array([t for t in names if self.documents.plain(t)], pa.string())),
+            pc.fill_null(pc.greater(pc.binary_length(rows), 2), False),
+        )
+        upserts = pc.if_else(plain, pc.binary_join_element_wise(
+            b'{"index":{"_index":', per_topic(targets), b',"_id":', ids, b',"version":',
+            pc.cast(pc.cast(changes["lsn"], pa.string()), pa.binary()),
+            b',"version_type":"external_gte","require_alias":true}}\n', pc.binary_slice(rows, 0, -1),
+            b',"%b":"' % POSITION.encode(), changes["pos"].cast(pa.binary()), b'"}\n', b"",
+        ), pa.scalar(None, pa.binary())).to_pylist()
+        row_texts = rows.to_pylist() if None in upserts else []
+        for start in range(0, len(topics), CHUNK_KEYS):
+            stop = min(len(topics), start + CHUNK_KEYS)
+            lone = [i for i in range(start, stop) if lsns[i] is None]  # tombstones without a position
+            docs = b"".join(
+                b',{"_index":%b,"_id":%b,"_source":false,"stored_fields":["%b"]}'
+                % (orjson.dumps(targets[topics[i]]), orjson.dumps(keys[i]), POSITION.encode()) for i in lone
+            )
+            body = b'{"docs":[' + (concatenated(lookups.slice(start, stop - start)) + docs)[1:] + b"]}"
+            found = self.client.ok("POST", self.LOOKUP, body)["docs"]
+            held = dict(zip(lone, found[stop - start:], strict=True))
+            now_ms = int(time.time() * 1000)
+            actions = []
+            for i, marker_doc in zip(range(start, stop), found, strict=False):
+                topic, key, kind, lsn, pos = topics[i], keys[i], kinds[i], lsns[i], positions[i]
+                marked = (marker_doc["_version"], marker_doc["_source"]["pos"]) if marker_doc.get("found") else None
+                target, origin = targets[topic], (topic, partitions[i], offsets[i])
+                if kind == "u":
+                    if marked is not None and marked[1] >= pos:
+                        continue  # deleted at this position or a later one: a replay must not bring it back
+                    lines = upserts[i]
+                    if lines is None:  # a row with columns to convert
+                        document = orjson.dumps(self.documents.source(topic, lsn, orjson.loads(row_texts[i]), pos))
+                        lines = versioned("index", target, key, lsn) + document + b"\n"
+                    actions.append(Action(lines, origin))
+                    continue
+                version = lsn
+                if version is None:  # a tombstone whose d was compacted away: delete what is there
+                    doc = held[i]
+                    if not doc.get("found"):
+                        continue
+                    version, pos = max((doc["_version"], _stored_position(doc)), marked or (0, ""))
+                actions.append(Action(versioned("delete", target, key, version), origin))
+                actions.append(marker(aliases[topic], key, version, pos, now_ms))
+            yield actions
+
+    def positions(self, topic: str) -> Iterator[list[tuple[str, str]]]:
+        target = self.settings.target(alias_name(topic))
+        query = {"query": {"match_all": {}}, "_source": False, "stored_fields": [POSITION], "size": CHUNK_KEYS,
+                 "sort": ["_doc"]}
+        for hits in scroll(self.client, f"/{path_of(target)}/_search", query):
+            yield [(hit["_id"], _stored_position(hit)) for hit in hits]
+
+
+class SearchStore(RowStore):
+    """Keeps one OpenSearch index per table equal to the source, every table of a micro-batch in one pass.
+
+    The job's bookkeeping (sinks.store) is a document in `<prefix>-msink`, with the aliases
+    it filled: one of them gone means lost writes, and the job rebuilds the indexes from
+    the topics.
+
+    A rebuild (`rebuild`, `cdc search rebuild`) is the same job under its own name,
+    checkpoint and document, filling the next generation of every table's index (hidden,
+    behind the hidden `<alias>-rebuild`) while readers, and a running job, keep the
+    current one; `swap` then moves the readers' aliases in one `_aliases` call."""
+
+    transient = ("sinks.stores.search.opensearch.SearchUnavailable",)
+
+    def __init__(self, config: SearchConfig, prefix: str, rebuild: bool = False) -> None:
+        self.name = "search-rebuild" if rebuild else "search"
+        self.settings = Settings.of(config, rebuild)
+        self.where = self.settings.endpoint.where
+        self.config = config
+        self.prefix = prefix
+        self.meta = alias_name(prefix) + META_INDEX_SUFFIX
+        self.doc = "rebuild" if rebuild else "job"
+        self.filled: set[str] = set()  # the aliases this job has written to (kept in its bookkeeping)
+        self.mapped: dict[str, set[str]] = {}  # alias -> the fields its index maps
+        self.flat = "flat_object"
+
+    def _client(self) -> Client:
+        return self.settings.client()
+
+    def open(self, resumed: bool) -> None:
+        client = self._client()
+        try:
+            distribution = client.ok("GET", "/")["version"].get("distribution", "elasticsearch")
+            self.flat = "flat_object" if distribution == "opensearch" else "flattened"
+            self.mapped = {}  # read again: a failed batch may have met a changed cluster
+            self._ensure_meta(client)
+            record = self._record(client)
+            if record is None or not resumed:  # a new checkpoint: the indexes are filled from the earliest offsets
+                self.filled = set()
+                if self.settings.rebuild:
+                    self._drop_unfinished(client)
+            else:
+                self.filled = set(record.get("indexes", []))
+                behind = self._behind(client)
+                gone = sorted(a for a in self.filled if self.settings.target(a) not in behind)
+                if gone:
+                    raise StoreLost(f"{client.where} lost the index behind {gone[0]}, which this job filled")
+            self._expire_markers(client)
+        finally:
+            client.close()
+
+    def _record(self, client: Client) -> dict[str, Any] | None:
+        status, answer = client.request("GET", f"/{path_of(self.meta)}/_doc/{self.doc}")
+        return answer["_source"].get("record") if status == 200 else None
+
+    def load(self) -> dict[str, Any] | None:
+        client = self._client()
+        try:
+            return self._record(client)
+        finally:
+            client.close()
+
+    def save(self, record: dict[str, Any]) -> None:
+        client = self._client()
+        try:
+            doc = {"record": {**record, "indexes": sorted(self.filled)}}
+            client.ok("PUT", f"/{path_of(self.meta)}/_doc/{self.doc}?refresh=false", doc)
+        finally:
+            client.close()
+
+    def clear(self) -> None:
+        """Every index the job writes through (the readers' ones, or a rebuild's) and the
+        bookkeeping: the topics fill them again. The delete markers stay: they hold positions
+        the log proved, which no older upsert of the replay may pass."""
+        client = self._client()
+        try:
+            behind = self._behind(client)
+            doomed = sorted({index for alias, indexes in behind.items()
+                             if alias.endswith(REBUILD_SUFFIX) == self.settings.rebuild for index in indexes})
+            for index in doomed:
+                client.request("DELETE", f"/{path_of(index)}?expand_wildcards=all")
+            client.request("DELETE", f"/{path_of(self.meta)}/_doc/{self.doc}")
+            self.filled, self.mapped = set(), {}
+            log.info("%s: cleared %d indexes of %s", client.where, len(doomed), self.prefix)
+        finally:
+            client.close()
+
+    def writer(self, registry: Registry) -> SearchWriter:
+        return SearchWriter(self.settings, registry)
+
+    def prepare(self, topics: list[str], registry: Registry) -> None:
+        client = self._client()
+        try:
+            for topic in topics:
+                self.ensure_index(client, topic, registry.versions(topic)[-1])
+        finally:
+            client.close()
+
+    def after_batch(self, topics: list[str]) -> None:
+        if self.settings.refresh == "batch" and topics and not self.settings.rebuild:  # searchable at the commit
+            client = self._client()
+            try:
+                self.refresh(client, topics)
+            finally:
+                client.close()
+
+    @staticmethod
+    def refresh(client: Client, topics: list[str]) -> None:
+        """Make what was written to the tables' indexes searchable."""
+        client.ok("POST", "/" + ",".join(path_of(alias_name(t)) for t in topics) + "/_refresh")
+
+    def _behind(self, client: Client) -> dict[str, list[str]]:
+        """The prefix's aliases (the rebuild's hidden ones too) -> the indexes behind each."""
+        path = f"/_alias/{path_of(alias_name(self.prefix))}.*?expand_wildcards=all"
+        behind: dict[str, list[str]] = {}
+        for index, entry in sorted((client.ok("GET", path, missing_ok=True) or {}).items()):
+            for alias in entry.get("aliases", {}):
+                behind.setdefault(alias, []).append(index)
+        return behind
+
+    def _drop_unfinished(self, client: Client) -> None:
+        """A new rebuild: the indexes an earlier one left unswapped go (an index it swapped
+        only loses the rebuild's alias)."""
+        behind = self._behind(client)
+        actions: list[dict[str, Any]] = []
+        for alias, indexes in behind.items():
+            readers = alias.removesuffix(REBUILD_SUFFIX)
+            if readers == alias:
+                continue
+            for index in indexes:
+                if index in behind.get(readers, []):
+                    actions.append({"remove": {"index": index, "alias": alias}})
+                else:
+                    actions.append({"remove_index": {"index": index}})
+                    log.info("%s: dropped %s, left by an unfinished rebuild", client.where, index)
+        if actions:
+            client.ok("POST", "/_aliases", {"actions": actions})
+
+    def swap(self) -> list[tuple[str, list[str], str]]:
+        """Point every alias this rebuild filled at its new index instead of the old ones, in
+        one `_aliases` call: readers of the aliases see the old indexes or the new ones,
+        never neither. The old ones are hidden first and dropped in `finish`, once the
+        searches that started on them are over, so a wildcard search of the prefix meets
+        each table once. (alias, old indexes, new index) of each alias moved."""
+        client = self._client()
+        try:
+            behind = self._behind(client)
+            actions: list[dict[str, Any]] = []
+            moved = []
+            for alias in sorted(self.filled):
+                target = self.settings.target(alias)
+                if len(behind.get(target, [])) != 1:  # deleted under it: a new rebuild starts over
+                    raise SinkStopped(f"{client.where} lost {target}, the rebuild's index for {alias}; the current "
+                                      "indexes are untouched: run `cdc search rebuild` again")
+                (new,) = behind[target]
+                old = [index for index in behind.get(alias, []) if index != new]
+                if new in behind.get(alias, []) and not old:
+                    continue  # swapped before (a resumed rebuild)
+                actions.append({"add": {"index": new, "alias": alias}})
+                actions += [{"remove": {"index": index, "alias": alias}} for index in old]
+                moved.append((alias, old, new))
+            for _, old, new in moved:
+                client.ok("POST", f"/{path_of(new)}/_refresh")  # searchable as it is at the swap
+                for index in old:
+                    client.ok("PUT", f"/{path_of(index)}/_settings", {"index": {"hidden": True}})
+            if actions:
+                client.ok("POST", "/_aliases", {"actions": actions})
+            for _, _, new in moved:
+                self._show(client, new)
+            return moved
+        finally:
+            client.close()
+
+    @staticmethod
+    def _show(client: Client, index: str) -> None:
+        """A rebuilt index as the job's are: visible to wildcards, refreshed every second."""
+        client.ok("PUT", f"/{path_of(index)}/_settings", {"index": {"hidden": False, "refresh_interval": None}})
+
+    def finish(self) -> None:
+        """After the last pass: the rebuild's aliases, the tables' earlier generations and
+        the rebuild's document go."""
+        client = self._client()
+        try:
+            behind = self._behind(client)
+            rebuilt = [(target, index) for target in map(self.settings.target, sorted(self.filled))
+                       for index in behind.get(target, [])]
+            for _, index in rebuilt:  # again: a rebuild may have stopped right after its swap
+                self._show(client, index)
+            actions: list[dict[str, Any]] = [{"remove": {"index": index, "alias": target}} for target, index in rebuilt]
+            for alias in sorted(self.filled):
+                there = client.ok("GET", f"/{path_of(alias)}-v*?expand_wildcards=all", missing_ok=True) or {}
+                actions += [{"remove_index": {"index": index}} for index in sorted(there)
+                            if generation(alias, index) and index not in behind.get(alias, [])]
+            if actions:
+                client.ok("POST", "/_aliases", {"actions": actions})
+            if self.filled:  # what the last pass wrote
+                client.ok("POST", "/" + ",".join(path_of(a) for a in sorted(self.filled)) + "/_refresh")
+            client.request("DELETE", f"/{path_of(self.meta)}/_doc/{self.doc}")
+        finally:
+            client.close()
+
+    def documents(self, aliases: list[str]) -> dict[str, int]:
+        """How many documents the index behind each alias holds (as of its last refresh)."""
+        client = self._client()
+        try:
+            return {alias: int(client.ok("GET", f"/{path_of(alias)}/_count")["count"]) for alias in aliases}
+        finally:
+            client.close()
+
+    def _ensure_meta(self, client: Client) -> None:
+        body = {"settings": {"index": {"number_of_shards": 1, "number_of_replicas": self.config.replicas,
+                                       "hidden": True}},
+                "mappings": {"dynamic": "strict", "properties": {"record": {"type": "object", "enabled": False}}}}
+        create_index(client, self.meta, body)
+
+    def _expire_markers(self, client: Client) -> None:
+        """Delete the prefix's markers older than marker_ttl_s (at start: they age in days)."""
+        pattern = path_of(alias_name(self.prefix) + ".*-markers")
+        cutoff = int(time.time() * 1000) - self.settings.marker_ttl_ms
+        query = {"query": {"range": {"at": {"lt": cutoff}}}, "_source": False, "size": CHUNK_KEYS}
+        expired, failed = 0, []
+        for hits in scroll(client, f"/{pattern}/_search?expand_wildcards=all", query):
+            lines = b"".join(orjson.dumps({"delete": {"_index": h["_index"], "_id": h["_id"]}}) + b"\n" for h in hits)
+            status, answer = client.request("POST", "/_bulk", ndjson=lines)
+            if status >= 300:
+                failed.append(f"HTTP {status} {reason(answer)}")
+                continue
+            for item in answer["items"]:
+                result = item["delete"]
+                if result["status"] < 300 or result["status"] == 404:
+                    expired += 1
+                else:
+                    failed.append(f"{result['_index']}: {reason(result)}")
+        if expired:
+            log.info("%s: %d delete markers older than %d s expired", client.where, expired,
+                     self.settings.marker_ttl_ms // 1000)
+        if failed:
+            log.warning("%s: %d delete markers could not expire (they stay, and expiry is tried again at the next "
+                        "start), the first: %s", client.where, len(failed), failed[0])
+
+    def ensure_index(self, client: Client, topic: str, version: Version) -> None:
+        """The table's index behind the alias the job writes through, and its markers;
+        fields of new columns added."""
+        alias = alias_name(topic)
+        target = self.settings.target(alias)
+        fields = mapping(version, self.flat)["properties"]
+        if alias not in self.mapped:
+            answer = client.ok("GET", f"/{path_of(target)}/_mapping", missing_ok=True)
+            if answer is None and alias in self.filled:
+                raise StoreLost(f"{client.where} lost the index behind {target}, which this job filled")
+            self.filled.add(alias)
+            if answer is None:
+                self._create_index(client, alias, version)
+                self.mapped[alias] = set(fields)
+                return
+            (concrete,) = answer.values()
+            self.mapped[alias] = set(concrete["mappings"].get("properties", {}))
+            if POSITION not in self.mapped[alias]:
+                raise StoreLost(f"{client.where}: the index behind {target} holds no positions ({POSITION}), which "
+                                "this version of the job compares")
+        new = {name: spec for name, spec in fields.items() if name not in self.mapped[alias]}
+        if new:  # ADD COLUMN; a column whose type changed keeps its mapping (a rebuild adopts it)
+            client.ok("PUT", f"/{path_of(target)}/_mapping", {"properties": new})
+            self.mapped[alias] |= set(new)
+            log.info("%s: %s maps the new columns %s", client.where, target, ", ".join(new))
+
+    def _create_index(self, client: Client, alias: str, version: Version) -> None:
+        """The job's first index of a table, `<alias>-v1`; a rebuild's, the generation after
+        every one there is, hidden with its alias until the swap."""
+        settings: dict[str, Any] = {"number_of_shards": self.config.shards, "number_of_replicas": self.config.replicas}
+        create_index(client, markers_name(alias), {"settings": {"index": {**settings, "hidden": True}},
+                                              "mappings": MARKER_MAPPING})
+        if self.settings.rebuild:
+            there = client.ok("GET", f"/{path_of(alias)}-v*?expand_wildcards=all", missing_ok=True) or {}
+            index = index_name(alias, max([1, *(generation(alias, name) for name in there)]) + 1)
+            # nobody searches it before the swap: no refreshes while it fills (fewer, larger segments)
+            body = {"settings": {"index": {**settings, "hidden": True, "refresh_interval": "-1"}},
+                    "aliases": {rebuild_alias(alias): {"is_hidden": True}}}
+        else:
+            index = index_name(alias)
+            body = {"settings": {"index": settings}, "aliases": {alias: {}}}
+        create_index(client, index, {**body, "mappings": mapping(version, self.flat)})
+        log.info("%s: created index %s behind alias %s", client.where, index, self.settings.target(alias))
+
+
+
+def check(config: Config) -> None:
+    try:
+        alias_name(config.topic.prefix)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    check_reachable(config.search)
+
+
+def build(spark: SparkSession, config: Config) -> SearchStore:
+    return SearchStore(config.search, config.topic.prefix)
+
+
+def rebuild(config: Config, stop: StopSignal) -> list[str]:
+    from sinks.stores.search.generations import rebuild_here
+
+    moved = rebuild_here(config, stop)
+    return [*(f"{alias}: {', '.join(old) or 'no index'} -> {new} ({documents} documents)"
+              for alias, old, new, documents in moved), f"search rebuild: {len(moved)} indexes swapped"]
+
+
+def local(workdir: Path) -> tuple[Any, dict[str, str]]:
+    """A throwaway OpenSearch node (the demo's), and the settings that point the job at it."""
+    from cdc.local.opensearch import LocalOpenSearch
+
+    node = LocalOpenSearch(workdir / "opensearch").start()
+    return node, {"CDC_SEARCH_URL": node.url, "CDC_SEARCH_REPLICAS": "0"}
+
+
+def show(config: Config, topics: list[str]) -> list[str]:
+    """The documents searches find behind each table's alias, a line each."""
+    client = Endpoint.of(config.search).client()
+    try:
+        client.ok("POST", "/_refresh")
+        lines = []
+        for topic in topics:
+            alias = alias_name(topic)
+            hits = client.ok("POST", f"/{path_of(alias)}/_search", {"query": {"match_all": {}}, "size": 100})
+            for hit in sorted(hits["hits"]["hits"], key=lambda h: h["_id"]):
+                lines.append(f"{alias}/_doc/{hit['_id']} -> {orjson.dumps(hit['_source']).decode()}")
+        return lines
+    finally:
+        client.close()
+
+
+def find(config: Config, topic: str, field: str, text: str) -> list[str]:
+    """The keys of the table's rows whose `field` matches `text`, by a full-text query: what a
+    search user asks the index that a GET by key cannot."""
+    client = Endpoint.of(config.search).client()
+    try:
+        query = {"query": {"match": {field: text}}, "size": 100}
+        hits = client.ok("POST", f"/{path_of(alias_name(topic))}/_search", query)["hits"]["hits"]
+        return sorted(hit["_id"] for hit in hits)
+    finally:
+        client.close()
+
+
+class _Rows:
+    """The documents behind each table's alias (`_count`)."""
+
+    def __init__(self, config: Config) -> None:
+        self.client = Endpoint.of(config.search).client(retries=0)
+
+    def count(self, topics: list[str]) -> dict[str, int | None]:
+        out: dict[str, int | None] = {}
+        for topic in topics:
+            status, answer = self.client.request("GET", f"/{path_of(alias_name(topic))}/_count")
+            out[topic] = int(answer["count"]) if status == 200 else None
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def counter(config: Config) -> _Rows:
+    return _Rows(config)
