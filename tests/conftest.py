@@ -25,7 +25,7 @@ from cdc.local.opensearch import LocalOpenSearch
 from cdc.local.postgres import LocalPostgres
 from cdc.local.redis import LocalRedis
 from cdc.local.spark import LocalSparkCluster
-from tests import spark_warmup
+from tests import memory_guard, spark_warmup
 
 EXTERNAL_KAFKA_ENV = "CDC_TEST_BOOTSTRAP_SERVERS"
 
@@ -46,6 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # the caller chose the drivers' options)
     if spark_warmup.ENV not in os.environ:
         os.environ[spark_warmup.ENV] = spark_warmup.driver_options(spark_warmup.ensure_archive())
+    memory_guard.start()  # in each worker too: pytest_configure runs there
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

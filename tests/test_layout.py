@@ -233,3 +233,4 @@ def test_the_command_line_starts_without_spark_or_any_store_client() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["[]", "['sinks.stores.delta.verbs']"]
+
