@@ -1,7 +1,7 @@
 """Measure the Spark sink jobs against Spark's own read ceiling, in one run on one machine.
 
     python bench/sinks.py [--changes 1000000] [--tables 4] [--max-offsets 200000,1000000]
-                          [--stores delta,search,cache] [--fresh-rate 1000] [--fresh-seconds 45]
+                          [--stores delta,search,cache,postgres] [--fresh-rate 1000] [--fresh-seconds 45]
                           [--fresh-warmup 15]
                           [--skip-freshness] [--skip-rebuild] [--skip-alone] [--driver-memory 2g]
                           [--keep]
@@ -26,7 +26,7 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    trigger into a foreachBatch that only counts, on local[2], in a child process (one
    SparkContext per process). Timed from the query's start to its end; the session (JVM)
    start is reported apart.
-3. Apply, per store (--stores: delta, search, cache): the sink
+3. Apply, per store (--stores: delta, search, cache, postgres): the sink
    job (sinks.runner.keep_running with the store of sinks.stores.build: what `cdc sink <store>
    --once` runs) with a fresh checkpoint and a fresh store, in a child process, timed the
    same way; then the store is checked (Delta: current/changes/history row counts; cache:
@@ -538,8 +538,89 @@ class SearchBench(StoreBench):
         return poll
 
 
+class PostgresBench(StoreBench):
+    """The PostgreSQL read model, in a PostgreSQL cluster of its own started by the bench (apart
+    from the source's, so its CPU is its own); each run dir gets a database of its own."""
+
+    name = "postgres"
+    served = True
+    apply_target = 0.8
+    fresh_target_s = 2.0
+
+    def __init__(self) -> None:
+        self.server: Any = None
+        self.databases: dict[Path, str] = {}
+
+    def sections(self, run_dir: Path) -> dict[str, dict[str, Any]]:
+        from cdc.local.postgres import LocalPostgres
+
+        if self.server is None:
+            self.server = LocalPostgres(run_dir.parent / "read-model").start()
+        if run_dir not in self.databases:
+            self.databases[run_dir] = self.server.create_database(f"read_model_{len(self.databases) + 1}")
+        return {"postgres": {"dsn": self.databases[run_dir]}}
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    @property
+    def server_pid(self) -> int | None:
+        if self.server is None:
+            return None
+        return os.getpgid(int((self.server.data_dir / "postmaster.pid").read_text().split()[0]))
+
+    def write_alone(self, config_path: Path, rows: list[Any], registry: Any) -> None:
+        """The job's driver-side writes: staged, merged and committed as one batch."""
+        from cdc.config import load as load_config
+        from sinks.stores.postgres.store import PostgresStore
+
+        store = PostgresStore(load_config(str(config_path)).postgres)
+        store.open(resumed=False)
+        store.prepare(sorted({topic for batch in rows for topic in batch["_cdc_topic"].unique().to_pylist()}), registry)
+        store.write_changes(iter(rows), {})
+        store.save({"batch": 0})
+        store.close()
+
+    def check(self, config_path: Path, topics: list[str]) -> dict[str, Any]:
+        import psycopg
+
+        from cdc.config import load as load_config
+        from sinks.stores.postgres.store import table_of
+
+        with psycopg.connect(load_config(str(config_path)).postgres.dsn, autocommit=True) as conn:
+            tables = [table_of(conn, t) for t in topics]
+            return {"rows": sum(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables if t)}
+
+    def expected(self, bench: SinksBench) -> dict[str, Any]:
+        return {"rows": bench.workload.inserts}
+
+    def visible(self, config_path: str, base: int, _view: str) -> Any:
+        """A SELECT of the next markers' ids (visible means committed in the read model)."""
+        import psycopg
+
+        from cdc.config import load as load_config
+
+        conn = psycopg.connect(load_config(config_path).postgres.dsn, autocommit=True)
+        first = base + 1  # every marker below it was seen
+
+        def poll() -> tuple[list[int], float] | None:
+            nonlocal first
+            ids = [*range(-(base + 5), -base), *range(first, first + 5000)]
+            now = time.time()
+            if conn.execute("SELECT to_regclass(%s)", (f"cdc_public.{FRESH_TABLE}",)).fetchone() == (None,):
+                return None  # the table is not there yet
+            found = [r[0] for r in conn.execute(f"SELECT id FROM cdc_public.{FRESH_TABLE} WHERE id = ANY(%s)", (ids,))]
+            seen = set(found)
+            while first in seen:
+                first += 1
+            return found, now
+
+        return poll
+
+
 STORES: dict[str, type[StoreBench]] = {
-    "delta": DeltaBench, "search": SearchBench, "cache": CacheBench, "textbook": TextbookBench,
+    "delta": DeltaBench, "search": SearchBench, "cache": CacheBench, "postgres": PostgresBench, "textbook": TextbookBench,
 }
 
 

@@ -71,7 +71,7 @@ def opt(
 # ------------------------------------------------------------------ per-value checks
 
 
-def _dsn_secrets(value: str) -> list[str]:
+def dsn_secret_parts(value: str) -> list[str]:
     from cdc.redact import dsn_secrets
 
     return dsn_secrets(value)
@@ -82,7 +82,7 @@ def _not_blank(where: str, value: str, fix: str) -> None:
         raise ConfigError(f"{where} is empty: {fix}")
 
 
-def _check_dsn(where: str, value: str) -> None:
+def check_dsn(where: str, value: str) -> None:
     _not_blank(where, value, "set it to a libpq DSN or URI, e.g. host=db.internal user=cdc dbname=shop")
 
 
@@ -197,7 +197,7 @@ class SourceConfig:
     dsn: str = opt(
         "host=127.0.0.1 port=5432 user=postgres dbname=postgres",
         "libpq DSN or URI. Its password never reaches any output line.",
-        secret=_dsn_secrets, check=_check_dsn,
+        secret=dsn_secret_parts, check=check_dsn,
     )
     slot: str = opt("cdc", "logical replication slot (pgoutput), created if absent", check=_check_pg_name)
     publication: str = opt(

@@ -32,7 +32,7 @@ EXTERNAL_KAFKA_ENV = "CDC_TEST_BOOTSTRAP_SERVERS"
 #: Fixtures that start (or reach) a server: a test using any of them, directly or through
 #: another fixture, is an integration test. Tests that start servers themselves say so
 #: with `@pytest.mark.integration`.
-SERVER_FIXTURES = frozenset({"pg", "db", "broker", "broker_servers", "local_broker", "eager_broker", "spark_cluster"})
+SERVER_FIXTURES = frozenset({"pg", "db", "read_model", "broker", "broker_servers", "local_broker", "eager_broker", "spark_cluster"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,6 +47,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if spark_warmup.ENV not in os.environ:
         os.environ[spark_warmup.ENV] = spark_warmup.driver_options(spark_warmup.ensure_archive())
     memory_guard.start()  # in each worker too: pytest_configure runs there
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Each test's growth of this process, for the memory guard's report."""
+    before = memory_guard.resident_bytes()
+    yield
+    memory_guard.record(item.nodeid, before, memory_guard.resident_bytes())
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -202,6 +210,16 @@ def db(pg: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[TestDataba
     database = TestDatabase(name=name, dsn=pg.create_database(name))
     try:
         yield database
+    finally:
+        pg.drop_database(name)
+
+
+@pytest.fixture
+def read_model(pg: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
+    """Another fresh database of the test cluster, for the PostgreSQL read model's tables: its DSN."""
+    name = _database_name(f"rm_{request.node.name}")
+    try:
+        yield pg.create_database(name)
     finally:
         pg.drop_database(name)
 

@@ -137,7 +137,7 @@ CONFIG_CASES = {
     ),
     "unknown section, nothing close": (
         '[kafka]\nbootstrap_servers = "x"\n', {},
-        "unknown section [kafka] in {path}: remove it (sections: source, topic, events, snapshot, daemon, spark, delta, search, cache)",
+        "unknown section [kafka] in {path}: remove it (sections: source, topic, events, snapshot, daemon, spark, delta, search, cache, postgres)",
     ),
     "bad type": (
         '[topic]\npartitions = "x"\n', {},
@@ -850,7 +850,7 @@ def test_verify_store_mistakes(config_for):
     reads anything."""
     config = str(config_for(["public.*"]))
     assert refused(cdc("verify", "--stores", "warehouse", "--config", config, timeout=60)) == (
-        "unknown store 'warehouse' in --stores: use delta, search, cache"
+        "unknown store 'warehouse' in --stores: use delta, search, cache, postgres"
     )
     assert refused(cdc("verify", "--stores", "cache,delta", "--config", config, timeout=60)) == (
         "[delta] path is not set: set it (or CDC_DELTA_PATH), or leave delta out of --stores"

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from cdc.config import SETTINGS, load
+from cdc.config import SETTINGS, load, store_sections
 from cdc.local.process import require_command
 
 pytestmark = pytest.mark.containers
@@ -28,9 +28,10 @@ DOCKER = ROOT / "docker"
 BASE = (DOCKER / "compose.yaml",)
 PROD = (*BASE, DOCKER / "compose.prod.yaml")
 ENV_FILE = DOCKER / ".env.example"
-SECRETS = {"POSTGRES_PASSWORD": "pg-secret", "REDIS_PASSWORD": "redis-secret"}  # .env.example leaves them empty
+SECRETS = {"POSTGRES_PASSWORD": "pg-secret", "REDIS_PASSWORD": "redis-secret", "READ_MODEL_PASSWORD": "rm-secret"}  # .env.example leaves them empty
+store_sections()  # SETTINGS holds every store's settings from here on (the registry loads them on first use)
 CAPTURE_IMAGE, SINKS_IMAGE = "pg-cdc-capture:latest", "pg-cdc-sinks:latest"
-SPARK_SERVICES = ("spark-master", "spark-worker", "sink-delta", "sink-search", "sink-cache")
+SPARK_SERVICES = ("spark-master", "spark-worker", "sink-delta", "sink-search", "sink-cache", "sink-postgres")
 
 
 def compose_config(files: tuple[Path, ...], secrets: dict[str, str] = SECRETS) -> subprocess.CompletedProcess[str]:
@@ -125,6 +126,7 @@ def test_every_service_restarts_checks_its_health_and_waits_for_what_it_needs(pr
             assert needed in services, (name, needed)
     assert set(services["cdc"]["depends_on"]) == {"postgres", "kafka", "kafka-2", "kafka-3"}
     assert "redis" in services["sink-cache"]["depends_on"] and "opensearch" in services["sink-search"]["depends_on"]
+    assert "read-model" in services["sink-postgres"]["depends_on"]
     postgres = " ".join(services["postgres"]["command"])
     assert "wal_level=logical" in postgres
 
@@ -180,7 +182,7 @@ def test_each_cdc_service_loads_the_mounted_config_and_reaches_the_stack(shape: 
     stack = request.getfixturevalue(shape)
     services = stack["services"]
     cdc_services = {name: s for name, s in services.items() if is_cdc(s)}
-    assert set(cdc_services) == {"cdc", "sink-delta", "sink-search", "sink-cache"}
+    assert set(cdc_services) == {"cdc", "sink-delta", "sink-search", "sink-cache", "sink-postgres"}
     for name, service in cdc_services.items():
         mounts = dict(entry.split(":")[:2] for entry in service["volumes"])
         config_file = next(src for src, target in mounts.items() if target == "/etc/cdc/cdc.toml")
@@ -199,6 +201,9 @@ def test_each_cdc_service_loads_the_mounted_config_and_reaches_the_stack(shape: 
         for url in (config.search.url, config.cache.url):
             assert listens_on(services[urlsplit(url).hostname], urlsplit(url).port)
         assert config.cache.password == SECRETS["REDIS_PASSWORD"]
+        read_model = dict(part.split("=", 1) for part in config.postgres.dsn.split())
+        assert listens_on(services[read_model["host"]], int(read_model["port"]))
+        assert read_model["password"] == SECRETS["READ_MODEL_PASSWORD"]
         volumes = set(named_volumes(service).values())
         if name == "cdc":
             assert config.daemon.spill_dir in volumes

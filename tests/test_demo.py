@@ -10,6 +10,10 @@ import pytest
 from sinks.stores import STORES
 from tests.support import cdc
 
+#: the sides of `cdc verify`'s report: the topic, then each store's (the read model's is named
+#: apart from PostgreSQL, the source)
+SIDES = ("topic", *("read-model" if name == "postgres" else name for name in STORES))
+
 
 @pytest.mark.integration  # `cdc demo` starts its own PostgreSQL, Kafka, OpenSearch and Redis
 def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
@@ -49,6 +53,15 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
         'demo.public.orders/_doc/{"id":100}', 'demo.public.orders/_doc/{"id":200}']
     assert """search customers for email 'example.com': ['{"id":1}', '{"id":2}']""" in out
     assert _status_line("search", out)
+    # and the read model: a table per captured table, the rows as PostgreSQL has them
+    selected = dict(line.strip().removeprefix('SELECT FROM "cdc_public".').split(" -> ", 1)
+                    for line in out.splitlines() if line.strip().startswith("SELECT FROM "))
+    assert {k: json.loads(v) for k, v in selected.items() if k.startswith('"customers"')} == {
+        '"customers" {"id":1}': {"id": 1, "name": "Ada", "email": "ada@example.com"},
+        '"customers" {"id":2}': {"id": 2, "name": "Grace", "email": "grace@example.com"},
+    }
+    assert sorted(k for k in selected if k.startswith('"orders"')) == ['"orders" {"id":100}', '"orders" {"id":200}']
+    assert _status_line("postgres", out)
     # the live view's last picture: every store holds PostgreSQL's rows, each sink caught up
     assert re.search(r"^every store caught up: \d+ s after the sink jobs started, \d+ s after cdc demo started$", out,
                      re.MULTILINE), out[-3000:]
@@ -68,7 +81,7 @@ def test_demo_shows_events_landing_in_compacted_topics(tmp_path):
     for table in ("public.customers", "public.orders"):
         at = lines.index(f"{table}: postgres 2 rows")
         assert sorted(line.split() for line in lines[at + 1:at + 2 + len(STORES)]) == sorted(
-            [side, "2", "rows", "ok"] for side in ("topic", *STORES)), comparison
+            [side, "2", "rows", "ok"] for side in SIDES), comparison
     # each --once run read every record and a heartbeat after them: complete, not "up to 0/0"
     completes = dict(re.findall(r"sink (\w+): \d+ batches, .* complete up to LSN (\S+),", out))
     assert sorted(completes) == sorted(STORES) and "0/0" not in completes.values(), completes

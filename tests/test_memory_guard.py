@@ -19,6 +19,7 @@ def test_a_test_process_that_outgrows_its_memory_names_where_before_it_dies(tmp_
     first = done.stderr.splitlines()[0]
     assert first.startswith("memory guard: ") and first.endswith(
         "MiB resident, over 32 MiB, during tests/test_x.py::test_y (call); every thread:"), first
+    assert "the tests that grew it most:\n  +1 MiB to 1 MiB: tests/test_x.py::test_before\n" in done.stderr
     assert 'File "' in done.stderr and "Thread" in done.stderr
     (report,) = tmp_path.glob("memory-guard-*.txt")
     assert report.read_text().splitlines()[0] == first

@@ -297,7 +297,7 @@ def test_an_unreachable_master_is_one_line(tmp_path: Path) -> None:
 def test_an_unknown_sink_is_one_line(tmp_path: Path) -> None:
     done = cdc("sink", "warehouse", "--once")
     assert done.returncode == 1
-    assert done.stderr.strip() == "error: unknown sink 'warehouse': use one of delta, search, cache"
+    assert done.stderr.strip() == "error: unknown sink 'warehouse': use one of delta, search, cache, postgres"
 
 
 def test_a_malformed_record_reaches_the_dead_letter_topic_and_the_job_goes_on(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 import pytest
 import redis
 
@@ -29,7 +30,7 @@ from tests.support import Sink, wait_caught_up, write_config
 from tests.test_sink_cache import _visible
 from tests.test_sink_search import _rows
 
-STORES = ("cache", "search", "delta")
+STORES = ("cache", "search", "delta", "postgres")
 PARTITIONS = 3
 
 _READ_DELTA = """
@@ -59,7 +60,7 @@ def _values(ids: list[int], tag: str) -> str:
 
 
 def sink_config(tmp_path: Path, db: Any, servers: str, prefix: str, search_url: str, cache_url: str,
-                **spark: Any) -> Path:
+                read_model: str = "", **spark: Any) -> Path:
     """One config for the three stores (the daemon's own is cdc.toml). The warehouse's history
     query reads one file of the change log per batch: a truncate and the rows it removes
     fall into different history batches, as they do into the job's."""
@@ -68,11 +69,13 @@ def sink_config(tmp_path: Path, db: Any, servers: str, prefix: str, search_url: 
         delta={"path": str(tmp_path / "warehouse"), "history_batch_bytes": 1},
         search={"url": search_url, "replicas": 0},
         cache={"url": cache_url},
+        postgres={"dsn": read_model},
         spark={"checkpoint_dir": str(tmp_path / "checkpoints"), **spark},
     )
 
 
-def store_rows(store: str, tmp_path: Path, prefix: str, table: str, search_url: str, cache_url: str) -> list:
+def store_rows(store: str, tmp_path: Path, prefix: str, table: str, search_url: str, cache_url: str,
+               read_model: str = "") -> list:
     """[id, v] of every row the store holds for `public.<table>`, sorted (`delta history`: the
     current versions of the warehouse's history)."""
     topic = topic_name(prefix, "public", table)
@@ -81,6 +84,9 @@ def store_rows(store: str, tmp_path: Path, prefix: str, table: str, search_url: 
                 if key.startswith(topic + ":")]
     elif store == "search":
         rows = list(_rows(search_url, topic).values())
+    elif store == "postgres":
+        with psycopg.connect(read_model, autocommit=True) as conn:
+            return sorted([i, v] for i, v in conn.execute(f"SELECT id, v FROM cdc_public.{table}"))
     else:
         path = tmp_path / "warehouse" / ("history" if store == "delta history" else "current") / "public" / table
         done = subprocess.run([sys.executable, "-c", _READ_DELTA, str(path)], capture_output=True, text=True,
@@ -92,7 +98,7 @@ def store_rows(store: str, tmp_path: Path, prefix: str, table: str, search_url: 
 @pytest.mark.parametrize("store", STORES)  # one test a store: each its own job over the same topics
 def test_a_truncate_read_before_or_after_the_rows_it_removes(
     store: str, tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any,
-    opensearch: LocalOpenSearch, redis_server: LocalRedis,
+    opensearch: LocalOpenSearch, redis_server: LocalRedis, read_model: str,
 ) -> None:
     truncates = partition_for(b'"__truncate__"', PARTITIONS)  # the reserved key's partition
     others = [p for p in range(PARTITIONS) if p != truncates]
@@ -122,7 +128,7 @@ def test_a_truncate_read_before_or_after_the_rows_it_removes(
     # 0. 2 batches would read old's rows with its truncate, 4 put ins's truncate on a batch
     # boundary; 7 or 22 only made each store run more, at seconds a batch (and a history
     # batch per batch and table). The checkpoint's offsets files show the split.
-    config = sink_config(tmp_path, db, broker_servers, topic_prefix, opensearch.url, redis_server.url,
+    config = sink_config(tmp_path, db, broker_servers, topic_prefix, opensearch.url, redis_server.url, read_model,
                          max_offsets_per_trigger=420)
     expected = {table: sorted([i, v] for i, v in db.fetchall(f"SELECT id, v FROM public.{table}"))
                 for table in ("old", "ins")}
@@ -131,7 +137,7 @@ def test_a_truncate_read_before_or_after_the_rows_it_removes(
     Sink(config, tmp_path / f"{store}.log", store=store).once()
     for table, rows in expected.items():
         for held_in in (store, "delta history") if store == "delta" else (store,):
-            held = store_rows(held_in, tmp_path, topic_prefix, table, opensearch.url, redis_server.url)
+            held = store_rows(held_in, tmp_path, topic_prefix, table, opensearch.url, redis_server.url, read_model)
             extra, missing = [r for r in held if r not in rows], [r for r in rows if r not in held]
             if extra or missing:
                 wrong[f"{held_in} {table}"] = f"{len(extra)} rows PostgreSQL does not have, {len(missing)} missing"
@@ -149,9 +155,22 @@ def _restore_redis(client: redis.Redis, backup: list[tuple[bytes, int, bytes]]) 
         client.restore(key, ttl, dumped, replace=True)
 
 
-@pytest.mark.parametrize("store", ("cache", "delta"))  # one test a store: each its own job over the same topic
+def _backup_read_model(dsn: str, restore: bool = False) -> None:
+    """The read model's table and bookkeeping copied aside, or (`restore`) put back."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for live, aside in (("cdc_public.acct", "backup.acct"), ("_cdc.bookkeeping", "backup.bookkeeping")):
+            if restore:
+                conn.execute(f"TRUNCATE {live}")
+                conn.execute(f"INSERT INTO {live} SELECT * FROM {aside}")
+            else:
+                conn.execute("CREATE SCHEMA IF NOT EXISTS backup")
+                conn.execute(f"CREATE TABLE {aside} AS TABLE {live}")
+
+
+@pytest.mark.parametrize("store", ("cache", "delta", "postgres"))  # one test a store: each its own job over the same topic
 def test_a_store_restored_from_an_old_backup_is_rebuilt_not_replayed_into(
-    store: str, tmp_path: Path, db: Any, eager_broker: Any, topic_prefix: str, redis_server: LocalRedis
+    store: str, tmp_path: Path, db: Any, eager_broker: Any, topic_prefix: str, redis_server: LocalRedis,
+    read_model: str,
 ) -> None:
     """A store behind the job's checkpoint (a restored backup, a stale replica) holds rows whose
     delete and tombstone the topic has since compacted away: only a cleared store loses them."""
@@ -168,7 +187,7 @@ def test_a_store_restored_from_an_old_backup_is_rebuilt_not_replayed_into(
     admin.close()
     db.execute("CREATE TABLE public.acct (id int PRIMARY KEY, v text)")
     db.execute("INSERT INTO public.acct SELECT g, 'v' || g FROM generate_series(0, 29) g")
-    config = sink_config(tmp_path, db, servers, topic_prefix, "http://127.0.0.1:9", redis_server.url)
+    config = sink_config(tmp_path, db, servers, topic_prefix, "http://127.0.0.1:9", redis_server.url, read_model)
     slot = slot_of(topic_prefix)
     daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
     wait_caught_up(db.dsn, slot, daemon)
@@ -178,6 +197,8 @@ def test_a_store_restored_from_an_old_backup_is_rebuilt_not_replayed_into(
     warehouse = tmp_path / "warehouse"
     if store == "cache":
         backup = _backup_redis(client)
+    elif store == "postgres":
+        _backup_read_model(read_model)
     else:
         shutil.copytree(warehouse, tmp_path / "backup")
 
@@ -198,14 +219,16 @@ def test_a_store_restored_from_an_old_backup_is_rebuilt_not_replayed_into(
     wait_for(compacted_away, 300, "the log cleaner to drop the deleted rows' records", poll=1.5)
     if store == "cache":
         _restore_redis(client, backup)
+    elif store == "postgres":
+        _backup_read_model(read_model, restore=True)
     else:
         shutil.rmtree(warehouse)
         shutil.copytree(tmp_path / "backup", warehouse)
     sink.once()
     expected = sorted([i, v] for i, v in db.fetchall("SELECT id, v FROM public.acct"))
-    held = {store: store_rows(store, tmp_path, topic_prefix, "acct", "", redis_server.url)}
+    held = {store: store_rows(store, tmp_path, topic_prefix, "acct", "", redis_server.url, read_model)}
     assert held == {store: expected}
-    if store == "cache":  # the cache says why it was cleared; the warehouse's rebuild is checked by its rows
+    if store in ("cache", "postgres"):  # it says why it was cleared; the warehouse's rebuild is checked by its rows
         assert "is behind: it holds the writes of batch" in sink.log.read_text()
     assert daemon.stop() == 0
 

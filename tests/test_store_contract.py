@@ -60,7 +60,7 @@ def test_a_store_another_package_registers_joins_the_cli_and_the_config(tmp_path
     assert (unset.returncode, unset.stderr.strip()) == (
         1, "error: [notes] path is empty: set it to the SQLite file the rows go to")
     asked = _cdc(env, "verify", "--stores", "nope", "--config", str(config))
-    assert "use delta, search, cache, notes" in asked.stderr
+    assert "use delta, search, cache, postgres, notes" in asked.stderr
 
     # without the package, the product knows no such store
     plain = _cdc({**os.environ, "PYTHONPATH": str(REPO)}, "config", "--config", str(config))

@@ -47,6 +47,11 @@ from tests.support import (
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = 500
+#: every store the product ships, each kept by its job in the module's stack
+STORES = ("cache", "search", "delta", "postgres")
+#: the sides of a report, in its order, as it names them (the read model's: PostgreSQL is the source's name)
+SIDES = ("topic", "delta", "search", "cache", "read-model")
+W = max(len(s) for s in SIDES)  # the report's column of side names
 WIDE = """
 CREATE TABLE public.wide (
   id int PRIMARY KEY, b bool, i8 int8, f4 float4, f8 float8, n numeric, n2 numeric(12,2), m money, t text,
@@ -97,6 +102,7 @@ class Stack:
 def stack(pg, broker_servers, opensearch, redis_server, spark, tmp_path_factory) -> Iterator[Stack]:
     name = f"t_verify_{uuid.uuid4().hex[:8]}"
     dsn = pg.create_database(name)
+    read_model = pg.create_database(f"{name}_read_model")
     tmp = tmp_path_factory.mktemp("verify")
     prefix = "t" + uuid.uuid4().hex[:12]
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -107,7 +113,7 @@ def stack(pg, broker_servers, opensearch, redis_server, spark, tmp_path_factory)
     config = write_config(
         tmp / "cdc.toml", dsn, broker_servers, prefix, ["public.acct", "public.wide"],
         spark={"checkpoint_dir": str(tmp / "checkpoints")}, delta={"path": str(tmp / "warehouse")},
-        search={"url": opensearch.url, "replicas": 0}, cache={"url": redis_server.url},
+        search={"url": opensearch.url, "replicas": 0}, cache={"url": redis_server.url}, postgres={"dsn": read_model},
     )
     slot = slot_of(prefix)
     daemon = start_streaming(config, tmp / "daemon.log", dsn, slot)
@@ -119,12 +125,13 @@ def stack(pg, broker_servers, opensearch, redis_server, spark, tmp_path_factory)
             conn.execute(f"INSERT INTO public.acct SELECT g, 1, 'late' FROM generate_series({ROWS + 1}, {ROWS + 50}) g")
         wait_caught_up(dsn, slot, daemon)
         found = Stack(dsn, config, spark)
-        for store in ("cache", "search", "delta"):
+        for store in STORES:
             found.apply(store)
         yield found
     finally:
         daemon.stop()
         pg.drop_database(name)
+        pg.drop_database(f"{name}_read_model")
 
 
 def _report(result: Any) -> list[str]:
@@ -200,15 +207,9 @@ def test_clean_every_side_agrees(stack: Stack) -> None:
     rows = ROWS + 50 - ROWS // 7
     assert _report(result)[1:] == [
         f"public.acct: postgres {rows:,} rows",
-        f"  topic   {rows} rows  ok",
-        f"  delta   {rows} rows  ok",
-        f"  search  {rows} rows  ok",
-        f"  cache   {rows} rows  ok",
+        *(f"  {side:<{W}}  {rows} rows  ok" for side in SIDES),
         "public.wide: postgres 3 rows",
-        "  topic   3 rows  ok",
-        "  delta   3 rows  ok",
-        "  search  3 rows  ok",
-        "  cache   3 rows  ok",
+        *(f"  {side:<{W}}  3 rows  ok" for side in SIDES),
         "verify: every side agrees with PostgreSQL",
     ]
     as_json = json.loads(stack.verify("--json", "--tables", "public.wide", "--stores", "cache").output)
@@ -275,7 +276,7 @@ def test_tampered_sides_are_reported_and_exit_1(stack: Stack) -> None:
     wait_caught_up(stack.dsn, slot_of(stack.config.topic.prefix))
     target = current_lsn(stack.dsn)  # a --once run is complete up to the last heartbeat it reads: one past the writes
     wait_for(lambda: newest_heartbeat(stack.config.topic) >= target, 60, "a heartbeat past the writers' last commit")
-    for store in ("cache", "search", "delta"):  # what the writers left, applied
+    for store in STORES:  # what the writers left, applied
         stack.apply(store)
     with psycopg.connect(stack.dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT count(*) FROM public.acct").fetchone()[0]  # type: ignore[index]
@@ -300,6 +301,12 @@ def test_tampered_sides_are_reported_and_exit_1(stack: Stack) -> None:
     stack.spark.sql(f"DELETE FROM {current} WHERE _cdc_key = '{gone}'")
     stack.spark.sql(f"INSERT INTO {current} (id, version, note, _cdc_key) VALUES (99999, 1, 'added', '{added}')")
     stack.spark.sql(f"UPDATE {current} SET version = -7, note = 'changed' WHERE _cdc_key = '{changed}'")
+    # the read model's table
+    with psycopg.connect(stack.config.postgres.dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM cdc_public.acct WHERE _cdc_key = %s", (gone,))
+        conn.execute("INSERT INTO cdc_public.acct (_cdc_key, _cdc_lsn, _cdc_seq, _cdc_partition, _cdc_offset, id, "
+                     "version, note) VALUES (%s, 1, 1, 0, 0, 99999, 1, 'added')", (added,))
+        conn.execute("UPDATE cdc_public.acct SET version = -7, note = 'changed' WHERE _cdc_key = %s", (changed,))
 
     result = stack.verify("--tables", "public.acct")
     assert result.exit_code == 1, result.output
@@ -310,19 +317,20 @@ def test_tampered_sides_are_reported_and_exit_1(stack: Stack) -> None:
         f"    different {changed}; version: postgres {kept[1][1]}, {{side}} -7; note: postgres \"{kept[1][2]}\", {{side}} \"changed\"",
     ]
     lines = _report(result)
-    assert lines[1:3] == [f"public.acct: postgres {rows:,} rows", f"  topic   {rows} rows  MISMATCH: 0 missing, 0 extra, 1 different"]
+    assert lines[1:3] == [f"public.acct: postgres {rows:,} rows",
+                          f"  {'topic':<{W}}  {rows} rows  MISMATCH: 0 missing, 0 extra, 1 different"]
     assert lines[3] == f"    different {{\"id\":{c}}}; note: postgres \"{note_c}\", topic \"tampered\""
-    for i, side in enumerate(("delta", "search", "cache")):
+    for i, side in enumerate(SIDES[1:]):
         at = 4 + 4 * i
-        assert lines[at] == f"  {side:<6}  {rows} rows  {store_lines[0]}"
+        assert lines[at] == f"  {side:<{W}}  {rows} rows  {store_lines[0]}"
         expected = [line.replace("{side}", side) for line in store_lines[1:]]
         assert sorted(lines[at + 1:at + 4]) == sorted(expected)
-    assert lines[-1] == "verify: 10 mismatches"
+    assert lines[-1] == "verify: 13 mismatches"
     as_json = json.loads(stack.verify("--tables", "public.acct", "--json").output)
     sides = {s["side"]: s for s in as_json["tables"][0]["sides"]}
     assert as_json["ok"] is False
     assert {n: (s["missing"], s["extra"], s["different"]) for n, s in sides.items()} == {
-        "topic": (0, 0, 1), "delta": (1, 1, 1), "search": (1, 1, 1), "cache": (1, 1, 1),
+        "topic": (0, 0, 1), "delta": (1, 1, 1), "search": (1, 1, 1), "cache": (1, 1, 1), "read-model": (1, 1, 1),
     }
     # the warehouse's small table was read with delta-rs, in a process that starts no Spark: the same verdicts
     assert sides["delta"]["reader"] == "delta-rs"

@@ -269,11 +269,17 @@ def _timed(work: Callable[[], T]) -> tuple[T, float]:
     return work(), time.monotonic() - started
 
 
+def _store(side: Side) -> str:
+    """The store whose job's progress a side waits for: its name, unless it shows another one
+    (the read model's side: "postgres" is the source's name in the report)."""
+    return str(getattr(side, "store", side.name))
+
+
 def _digest(side: Side, table: SourceTable, lsn: int, late: str | None, waiter: _Waiter) -> tuple[Outcome, Digest | None]:
     """One side's digest of a table, once it is complete up to the snapshot (None: it is not)."""
     outcome = Outcome(side.name, table.spec.display, 0, 0)
     started = time.monotonic()
-    error = late if late is not None else None if side.name == "topic" else waiter.store(side.name, table, lsn)
+    error = late if late is not None else None if side.name == "topic" else waiter.store(_store(side), table, lsn)
     outcome.waited = time.monotonic() - started
     if error is not None:
         outcome.error = error
@@ -315,7 +321,7 @@ def _rounds(report: Report, source: SourceSide, sides: list[Side], waiter: _Wait
         late = waiter.topics(lsn)
         for (name, topic), keys in list(pending.items()):
             table, side, outcome = tables[topic], by_name[name], outcomes[(name, topic)]
-            error = late if late is not None else None if name == "topic" else waiter.store(name, table, lsn)
+            error = late if late is not None else None if name == "topic" else waiter.store(_store(side), table, lsn)
             if error is not None:
                 outcome.error = error
                 del pending[(name, topic)]

@@ -5,7 +5,7 @@ A store is one folder, `sinks/stores/<name>/`, and one `Registration` below. Its
 meets `StoreModule` (the store itself is a sinks.store.Store: a RowStore written on the
 executors or a TableStore on the driver), its reader module meets `ReaderModule` (its side
 of `cdc verify`), and its verbs module, if any, lists the verbs of its group beside its
-rebuild. mypy checks the three stores against the two protocols (the block at the end).
+rebuild. mypy checks the built-in stores against the two protocols (the block at the end).
 Everything only about one store lives in its folder; nothing else in the product imports
 from there (tests/test_layout.py): the job, `cdc verify`, `cdc top`, the demo and the CLI
 go through this registry, which loads a store's modules by name when they are needed.
@@ -122,7 +122,7 @@ class Registration:
 
 #: the stores cdc ships, by package; others join through the `cdc.stores` entry point group
 #: (an installed package's `REGISTRATION`)
-BUILT_IN = ("sinks.stores.delta", "sinks.stores.search", "sinks.stores.cache")
+BUILT_IN = ("sinks.stores.delta", "sinks.stores.search", "sinks.stores.cache", "sinks.stores.postgres")
 
 
 class _Stores(Mapping[str, Registration]):
@@ -229,9 +229,11 @@ if TYPE_CHECKING:  # each built-in store meets the contract
     from sinks.stores.cache import store as cache
     from sinks.stores.delta import read as delta_read
     from sinks.stores.delta import store as delta
+    from sinks.stores.postgres import read as postgres_read
+    from sinks.stores.postgres import store as postgres
     from sinks.stores.search import read as search_read
     from sinks.stores.search import store as search
 
-    _STORES: tuple[StoreModule, ...] = (delta, search, cache)
-    _READERS: tuple[ReaderModule, ...] = (delta_read, search_read, cache_read)
+    _STORES: tuple[StoreModule, ...] = (delta, search, cache, postgres)
+    _READERS: tuple[ReaderModule, ...] = (delta_read, search_read, cache_read, postgres_read)
 
