@@ -1,4 +1,4 @@
-"""`cdc cache rebuild` and `cdc delta rebuild`: a store filled again from the topics beside
+"""`cdc cache rebuild`, `cdc delta rebuild` and `cdc postgres rebuild`: a store filled again from the topics beside
 the one readers use, while the live job streams and rows keep changing, then switched.
 
 Real PostgreSQL, Kafka, Spark and Redis (a server of this module's: SWAPDB moves whole
@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 
@@ -120,6 +121,42 @@ def test_a_cache_rebuild_stopped_before_its_switch_leaves_the_cache_and_goes_on(
     assert "sinks.pipeline: batch 0:" not in done.stderr  # it went on from its offsets
     assert _acct(live, topic_prefix) == acct_rows(db)
     assert other.dbsize() == 0
+    assert daemon.stop() == 0
+
+
+def test_a_postgres_rebuild_switches_schemas_while_readers_and_the_job_go_on(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, read_model: str
+) -> None:
+    db.execute(ACCT)
+    db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 400) g")
+    daemon, slot = run_daemon(["public.*"])
+    wait_caught_up(db.dsn, slot, daemon)
+    config = write_config(tmp_path / "sink.toml", db.dsn, broker_servers, topic_prefix, ["public.*"],
+                          postgres={"dsn": read_model}, spark={"checkpoint_dir": str(tmp_path / "checkpoints")})
+    sink = Sink(config, tmp_path / "sink.log", store="postgres")
+    assert "0 dead letters" in sink.once()
+
+    # a reader's SELECT counts acct's rows all along: never an error, never none, never half a table
+    reader = psycopg.connect(read_model, autocommit=True)
+    done, counts = rebuild_while_streaming(
+        db.dsn, sink, ("postgres", "rebuild", "--config", str(config)), every_s=0.02, pause_s=0.02, batches_after=2,
+        read=lambda: reader.execute("SELECT count(*) FROM cdc_public.acct").fetchone()[0])  # type: ignore[index]
+    reader.close()
+    assert re.fullmatch(r"postgres rebuild: 1 tables switched in, \d+ rows", done.stdout.strip()), done.stdout
+    assert counts and min(counts) > 200, counts[:20]
+    wait_caught_up(db.dsn, slot, daemon)
+    assert sink.stop() == 0
+    assert "lost writes" not in sink.log.read_text()  # the job's bookkeeping stayed where it was
+    sink.once()  # what the writers committed after the job's last streamed batch
+    with psycopg.connect(read_model, autocommit=True) as conn:
+        held = {r[0]: (r[1], r[2]) for r in conn.execute("SELECT id, version, note FROM cdc_public.acct")}
+        schemas = [r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'cdc%' ORDER BY 1")]
+        records = [r[0] for r in conn.execute("SELECT name FROM _cdc.bookkeeping")]
+    assert held == acct_rows(db)
+    # nothing of the rebuild is left: the old generation, its bookkeeping, checkpoint and progress
+    assert schemas == ["cdc_public"] and records == ["postgres"]
+    assert not (tmp_path / "checkpoints" / "postgres-rebuild").exists()
+    assert set(read_progress(TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix))) == {"postgres"}
     assert daemon.stop() == 0
 
 

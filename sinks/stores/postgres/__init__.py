@@ -36,6 +36,10 @@ class PostgresConfig:
         "cdc_", "each source schema's tables are kept in the schema of this prefix and its name (`cdc_public.acct`); "
         "the store owns those schemas (a rebuild replaces them)", check=_check_prefix,
     )
+    marker_ttl_s: int = opt(
+        7 * 86400, "how long a delete's marker (the deleted key's position, in `_cdc.deletes`) is kept: longer than "
+        "a rebuild or a replay may take to reach the delete", low=1,
+    )
 
     def validate(self) -> None:
         if self.dsn:

@@ -9,7 +9,9 @@ A batch is one transaction on the driver, all or nothing in the store:
 - the batch's last change of each key (the shared fold, sinks.latest, above each table's newest
   truncate) COPYed into a temporary staging table, then one MERGE per table: a change applies
   only over a lower stored position (a lone tombstone, which has none, over a lower offset of
-  the same partition), an unchanged TOASTed value keeps the stored one;
+  the same partition) and above its key's delete marker (`_cdc.deletes`, kept [postgres]
+  marker_ttl_s: a rebuild's last pass behind the live job cannot bring a deleted row back),
+  an unchanged TOASTed value keeps the stored one;
 - the job's bookkeeping record (`_cdc.bookkeeping`), then COMMIT.
 A batch read again after a crash finds either all of its writes or none of them. The tables
 of a topic are listed in `_cdc.tables`, whose schemas the store owns: `clear` drops them.
@@ -61,9 +63,12 @@ def connect(dsn: str, autocommit: bool = False) -> psycopg.Connection:
 
 
 def ensure_meta(conn: psycopg.Connection) -> None:
-    """The store's own schema: the jobs' bookkeeping and the table of every topic."""
+    """The store's own schema: the jobs' bookkeeping, the table of every topic, and the delete
+    markers (`deletes`: the position of each key's newest delete, for [postgres] marker_ttl_s)."""
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {META_SCHEMA}")
     conn.execute(f"CREATE TABLE IF NOT EXISTS {META_SCHEMA}.bookkeeping (name text PRIMARY KEY, record jsonb NOT NULL)")
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {META_SCHEMA}.deletes (topic text, key text, lsn bigint NOT NULL, "
+                 "seq bigint NOT NULL, deleted_at timestamptz NOT NULL, PRIMARY KEY (topic, key))")
     conn.execute(f"CREATE TABLE IF NOT EXISTS {META_SCHEMA}.tables (topic text PRIMARY KEY, schema_name text NOT NULL, "
                  "table_name text NOT NULL)")
 
@@ -242,6 +247,8 @@ class PostgresStore(RowStore):
             pass  # a COPY refuses nothing: a value that does not convert fails its MERGE
         for topic, (table, columns) in self._targets.items():
             self._merge(conn, topic, table, columns)
+        conn.execute(f"DELETE FROM {META_SCHEMA}.deletes WHERE deleted_at < now() - make_interval(secs => %s)",
+                     (self.config.marker_ttl_s,))
         return []
 
     def _merge(self, conn: psycopg.Connection, topic: str, table: str, columns: list[Target]) -> None:
@@ -253,10 +260,15 @@ class PostgresStore(RowStore):
         inserts = ", ".join(value(c, "NULL") for c in columns)
         newer = "(s.lsn, s.seq) > (t._cdc_lsn, t._cdc_seq)"
         lone = "s.lsn IS NULL AND s.part = t._cdc_partition AND s.\"offset\" > t._cdc_offset"
+        # a change at or below its key's delete marker is older than a delete already applied (a
+        # rebuild's last pass behind the live job, a replay): it changes nothing
+        changes = (f"SELECT s.*, s.row::jsonb AS _cdc_r FROM {STAGE} s LEFT JOIN {META_SCHEMA}.deletes m "
+                   "ON m.topic = s.topic AND m.key = s.key WHERE s.topic = %s AND (m.key IS NULL OR s.lsn IS NULL "
+                   "OR (s.lsn, s.seq) > (m.lsn, m.seq))")
         conn.execute(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE")  # a rebuild's last pass writes it too
         try:
             conn.execute(
-                f"MERGE INTO {table} t USING (SELECT *, row::jsonb AS _cdc_r FROM {STAGE} WHERE topic = %s) s "
+                f"MERGE INTO {table} t USING ({changes}) s "
                 "ON t._cdc_key = s.key "
                 f"WHEN MATCHED AND s.kind = 'd' AND ({newer} OR ({lone})) THEN DELETE "
                 f"WHEN MATCHED AND s.kind = 'u' AND {newer} THEN UPDATE SET {updates}"
@@ -270,6 +282,11 @@ class PostgresStore(RowStore):
         except psycopg.errors.DataError as exc:
             raise SinkStopped(f"{table}: a value does not fit its column ({str(exc).splitlines()[0]}): fix the "
                               "column's type in the source, or run `cdc postgres rebuild`") from None
+        conn.execute(
+            f"INSERT INTO {META_SCHEMA}.deletes SELECT topic, key, lsn, seq, now() FROM {STAGE} WHERE topic = %s "
+            "AND kind = 'd' AND lsn IS NOT NULL ON CONFLICT (topic, key) DO UPDATE SET lsn = EXCLUDED.lsn, "
+            "seq = EXCLUDED.seq, deleted_at = EXCLUDED.deleted_at "
+            "WHERE (deletes.lsn, deletes.seq) < (EXCLUDED.lsn, EXCLUDED.seq)", (topic,))
 
 
 def check_server(conn: psycopg.Connection, where: str) -> None:
