@@ -144,12 +144,13 @@ def cpu_seconds(pid: int | None) -> float | None:
 
 
 def group_members(pgid: int) -> list[int]:
-    """Live processes in a process group (a service's children, a snapshot's readers)."""
+    """Live processes in a process group (a service's children, a snapshot's readers), and the
+    group leader's children that left it (PostgreSQL's backends each start a session of their own)."""
     out = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             fields = proc_stat(int(name))
-            if fields is not None and fields[2] == str(pgid) and fields[0] != "Z":
+            if fields is not None and str(pgid) in (fields[2], fields[1]) and fields[0] != "Z":
                 out.append(int(name))
     return out
 

@@ -10,14 +10,16 @@ position-guarded pass into the live store where the store wants one, and the cle
 from __future__ import annotations
 
 import time
-from typing import Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from pyspark.sql import SparkSession
 
 from cdc.config import Config
 from sinks import checkpoint as checkpoints
-from sinks.query import StopSignal
-from sinks.runner import checkpoint, keep_running
+from sinks.query import StopSignal, ensure_topics
+from sinks.runner import check, checkpoint, keep_running
+from sinks.spark import job_session
 from sinks.store import SinkStopped, Store
 from sinks.topics import ProgressLog
 
@@ -40,6 +42,23 @@ class Generations(Protocol[S]):
     def prepare(self, resumed: bool) -> None: ...
     def swap(self) -> S: ...
     def finish(self) -> None: ...
+
+
+G = TypeVar("G", bound="Generations[Any]")
+
+
+def rebuild(config: Config, name: str, generations: Callable[[SparkSession], G], stop: StopSignal,
+                    untouched: str) -> tuple[G, Any]:
+    """`cdc <name> rebuild`, every store's: its settings and server checked (the store's own
+    checks of its generations come before, without Spark), the topics there, then in a Spark
+    session of its own the generations `generations` makes, filled and switched; (them, what
+    the switch returned)."""
+    check(config, name)
+    ensure_topics(config)
+    with job_session(f"cdc-{name}-rebuild", config.spark) as spark:
+        stop.install()
+        made = generations(spark)
+        return made, fill_and_switch(spark, config, made, stop, untouched, f"cdc {name} rebuild")
 
 
 def fill_and_switch(spark: SparkSession, config: Config, generations: Generations[S], stop: StopSignal,

@@ -168,16 +168,11 @@ def rebuild_here(config: Config, stop: StopSignal) -> tuple[int, int, dict[str, 
     Passes until one is short, the switch, one more position-guarded pass into the live
     database for what the live job wrote after the rebuild's last pass (sinks.rebuild), then
     the old generation flushed."""
-    from sinks.query import ensure_topics
-    from sinks.rebuild import fill_and_switch
+    from sinks.rebuild import rebuild
     from sinks.runner import check
-    from sinks.spark import job_session
 
     check(config, "cache")
     generations = Generations(config.cache, config.topic.prefix)
-    generations.check()
-    ensure_topics(config)
-    with job_session("cdc-cache-rebuild", config.spark) as spark:
-        stop.install()
-        fill_and_switch(spark, config, generations, stop, "the cache is untouched", "cdc cache rebuild")
-        return generations.target, generations.live, generations.rows()
+    generations.check()  # before Spark starts
+    rebuild(config, "cache", lambda spark: generations, stop, "the cache is untouched")
+    return generations.target, generations.live, generations.rows()

@@ -32,7 +32,7 @@ from sinks import hadoop
 from sinks.batch import TableBatch
 from sinks.handover import STALE_S, RebuildSide
 from sinks.pipeline import SinkJob
-from sinks.query import StopSignal, ensure_topics
+from sinks.query import StopSignal
 from sinks.runner import checkpoint
 from sinks.store import SinkStopped
 from sinks.stores.delta.store import DeltaStore
@@ -172,13 +172,7 @@ def rebuild_here(config: Config, stop: StopSignal) -> list[tuple[str, int]]:
     delta` paused between two batches (sinks.handover) while the rebuilt tables catch up to
     exactly its offsets and replace its tables; then the rebuilt tables and the rebuild's
     checkpoint go."""
-    from sinks.rebuild import fill_and_switch
-    from sinks.runner import check
-    from sinks.spark import job_session
+    from sinks.rebuild import rebuild
 
-    check(config, "delta")
-    ensure_topics(config)
-    with job_session("cdc-delta-rebuild", config.spark) as spark:
-        stop.install()
-        return fill_and_switch(spark, config, Rebuild(spark, config, stop), stop, "current/ is untouched",
-                               "cdc delta rebuild") or []
+    _, switched = rebuild(config, "delta", lambda spark: Rebuild(spark, config, stop), stop, "current/ is untouched")
+    return switched or []

@@ -116,15 +116,8 @@ class Generations:
 def rebuild_here(config: Config, stop: StopSignal) -> dict[str, int]:
     """`cdc postgres rebuild`: every table again from the topics into the `__next` schemas,
     then switched in; rows per table (an earlier run that had switched: none counted)."""
-    from sinks.query import ensure_topics
-    from sinks.rebuild import fill_and_switch
-    from sinks.runner import check
-    from sinks.spark import job_session
+    from sinks.rebuild import rebuild
 
-    check(config, "postgres")
-    ensure_topics(config)
-    with job_session("cdc-postgres-rebuild", config.spark) as spark:
-        stop.install()
-        rows = fill_and_switch(spark, config, Generations(config.postgres), stop,
-                               "the live tables are untouched", "cdc postgres rebuild")
+    _, rows = rebuild(config, "postgres", lambda spark: Generations(config.postgres), stop,
+                      "the live tables are untouched")
     return rows or {}

@@ -260,10 +260,11 @@ class PostgresStore(RowStore):
         inserts = ", ".join(value(c, "NULL") for c in columns)
         newer = "(s.lsn, s.seq) > (t._cdc_lsn, t._cdc_seq)"
         lone = "s.lsn IS NULL AND s.part = t._cdc_partition AND s.\"offset\" > t._cdc_offset"
-        # a change at or below its key's delete marker is older than a delete already applied (a
-        # rebuild's last pass behind the live job, a replay): it changes nothing
+        # an upsert below its key's delete marker is older than a delete already applied (a
+        # rebuild's last pass behind the live job, a replay): it changes nothing. A delete always
+        # goes on: the same delete again removes what a generation switched in still held
         changes = (f"SELECT s.*, s.row::jsonb AS _cdc_r FROM {STAGE} s LEFT JOIN {META_SCHEMA}.deletes m "
-                   "ON m.topic = s.topic AND m.key = s.key WHERE s.topic = %s AND (m.key IS NULL OR s.lsn IS NULL "
+                   "ON m.topic = s.topic AND m.key = s.key WHERE s.topic = %s AND (s.kind = 'd' OR m.key IS NULL "
                    "OR (s.lsn, s.seq) > (m.lsn, m.seq))")
         conn.execute(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE")  # a rebuild's last pass writes it too
         try:

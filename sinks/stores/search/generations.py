@@ -10,7 +10,7 @@ swap takes the tables first seen in that pass.
 from __future__ import annotations
 
 from cdc.config import Config
-from sinks.query import StopSignal, ensure_topics
+from sinks.query import StopSignal
 from sinks.stores.search.store import SearchStore
 
 
@@ -44,15 +44,9 @@ class Generations:
 
 def rebuild_here(config: Config, stop: StopSignal) -> list[tuple[str, list[str], str, int]]:
     """`cdc search rebuild`: (alias, old indexes, new index, documents) per table."""
-    from sinks.rebuild import fill_and_switch
-    from sinks.runner import check
-    from sinks.spark import job_session
+    from sinks.rebuild import rebuild
 
-    check(config, "search")
-    ensure_topics(config)
-    with job_session("cdc-search-rebuild", config.spark) as spark:
-        stop.install()
-        generations = Generations(config)
-        fill_and_switch(spark, config, generations, stop, "the current indexes are untouched", "cdc search rebuild")
-        counts = generations.rebuilt.documents([alias for alias, _, _ in generations.moved])
-        return [(alias, old, new, counts[alias]) for alias, old, new in generations.moved]
+    generations, _ = rebuild(config, "search", lambda spark: Generations(config), stop,
+                             "the current indexes are untouched")
+    counts = generations.rebuilt.documents([alias for alias, _, _ in generations.moved])
+    return [(alias, old, new, counts[alias]) for alias, old, new in generations.moved]

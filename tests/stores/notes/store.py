@@ -149,16 +149,10 @@ class Generations:
 
 
 def rebuild(config: Config, stop: StopSignal) -> list[str]:
-    from sinks.query import ensure_topics
-    from sinks.rebuild import fill_and_switch
-    from sinks.spark import job_session
+    from sinks.rebuild import rebuild as rebuild_store
 
-    check(config)
-    ensure_topics(config)
-    with job_session("cdc-notes-rebuild", config.spark) as spark:
-        stop.install()
-        rows = fill_and_switch(spark, config, Generations(config.notes.path), stop, "the notes file is untouched",
-                               "cdc notes rebuild")
+    _, rows = rebuild_store(config, "notes", lambda spark: Generations(config.notes.path), stop,
+                            "the notes file is untouched")
     return [f"notes rebuild: {rows} rows moved over {config.notes.path}"]
 
 
