@@ -121,14 +121,18 @@ class DaemonProcess:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.2) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.2,
+             detail: Callable[[], str] | None = None) -> Any:
+    """`predicate()`'s first true result, polled until `timeout`; else the error names `what`
+    (and `detail()`: what the polls saw)."""
     deadline = time.monotonic() + timeout
     while True:
         result = predicate()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            said = f": {detail()}" if detail is not None else ""
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{said}")
         time.sleep(poll)
 
 

@@ -117,7 +117,7 @@ class PostgresStore(RowStore):
     """Keeps the read model's tables equal to the source tables; `suffix` names a rebuild's
     generation of the schemas (`cdc_public__next`)."""
 
-    transient = ("psycopg.OperationalError", "StoreUnavailable")
+    transient = ("psycopg.OperationalError",)  # StoreUnavailable: every store's (sinks.runner)
 
     def __init__(self, config: PostgresConfig, name: str = "postgres", suffix: str = "") -> None:
         if not config.dsn:
