@@ -46,6 +46,13 @@ class PostgresConfig:
             check_dsn("[postgres] dsn", self.dsn)
 
 
+def required_dsn(config: PostgresConfig) -> str:
+    """The read model's DSN, or the one-line error naming the setting."""
+    if not config.dsn:
+        raise ConfigError("[postgres] dsn is empty: set it to the read model's database (a libpq DSN or URI)")
+    return config.dsn
+
+
 REGISTRATION = Registration(
     "postgres", "the PostgreSQL read model at [postgres] dsn",
     "PostgreSQL, a table per captured table (cdc_<schema>.<table>)",

@@ -26,6 +26,7 @@ from sinks.stores.postgres.store import (
     connect,
     ensure_meta,
     owned_schemas,
+    rows_of,
 )
 
 if TYPE_CHECKING:
@@ -82,13 +83,8 @@ class Generations:
         """The switch, in one transaction; the rows of each rebuilt table."""
         conn = connect(self.config.dsn)
         try:
-            rows: dict[str, int] = {}
-            for topic, schema, table in conn.execute(
-                    f"SELECT topic, schema_name, table_name FROM {META_SCHEMA}.tables").fetchall():
-                found = conn.execute("SELECT to_regclass(%s)", (f"{quote_ident(schema + NEXT)}.{quote_ident(table)}",))
-                if found.fetchone() != (None,):
-                    counted = conn.execute(f"SELECT count(*) FROM {quote_ident(schema + NEXT)}.{quote_ident(table)}")
-                    rows[topic] = int(counted.fetchone()[0])  # type: ignore[index]
+            topics = [topic for (topic,) in conn.execute(f"SELECT topic FROM {META_SCHEMA}.tables").fetchall()]
+            rows = {topic: n for topic in topics if (n := rows_of(conn, topic, NEXT)) is not None}
             for rebuilt in owned_schemas(conn, self.prefix, NEXT):
                 live = rebuilt.removesuffix(NEXT)
                 if conn.execute("SELECT to_regnamespace(%s)", (quote_ident(live),)).fetchone() != (None,):

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from cdc.config import Config, ConfigError
+from cdc.config import Config
 from cdc.events.canonical_sql import (
     SESSION_SETTINGS,
     builtin_type,
@@ -29,6 +29,7 @@ from cdc.events.canonical_sql import (
 from cdc.naming import quote_ident
 from compaction.canonical import MAX_BITS, Column, row_values
 from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
+from sinks.stores.postgres import required_dsn
 from sinks.stores.postgres.store import connect, table_of
 
 #: a column as the read side renders it: its expression, its value SQL (None: read as text, here)
@@ -138,8 +139,7 @@ def _event_value(column: Column, text: str, canonical: bool) -> Any:
 
 
 def check(config: Config) -> None:
-    if not config.postgres.dsn:
-        raise ConfigError("[postgres] dsn is empty: set it to the read model's database (a libpq DSN or URI)")
+    required_dsn(config.postgres)
 
 
 def side(config: Config, spark: Callable[[], Any]) -> PostgresSide:

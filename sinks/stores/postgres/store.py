@@ -35,7 +35,7 @@ from cdc.redact import redact_dsn
 from sinks.latest import COLUMNS, position
 from sinks.rows import PartitionWriter, Rejected, RowStore, RowWriter
 from sinks.store import SinkStopped, StoreUnavailable, Truncate
-from sinks.stores.postgres import MAX_NAME, PostgresConfig
+from sinks.stores.postgres import MAX_NAME, PostgresConfig, required_dsn
 from sinks.stores.postgres.columns import META, META_NAMES, Target, column_list, targets
 from sinks.versions import Registry
 
@@ -79,9 +79,15 @@ def table_of(conn: psycopg.Connection, topic: str, suffix: str = "") -> str | No
                          (topic,)).fetchone()
     if found is None:
         return None
-    exists = conn.execute("SELECT to_regclass(%s)", (f"{quote_ident(found[0] + suffix)}.{quote_ident(found[1])}",))
-    row = exists.fetchone()
-    return None if row is None or row[0] is None else f"{quote_ident(found[0] + suffix)}.{quote_ident(found[1])}"
+    table = f"{quote_ident(found[0] + suffix)}.{quote_ident(found[1])}"
+    return None if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() == (None,) else table
+
+
+def rows_of(conn: psycopg.Connection, topic: str, suffix: str = "") -> int | None:
+    """The rows of a topic's table in the generation of `suffix` (None: no table yet)."""
+    table = table_of(conn, topic, suffix)
+    counted = conn.execute(f"SELECT count(*) FROM {table}").fetchone() if table else None
+    return None if counted is None else int(counted[0])
 
 
 class _Copy(RowWriter):
@@ -120,8 +126,7 @@ class PostgresStore(RowStore):
     transient = ("psycopg.OperationalError",)  # StoreUnavailable: every store's (sinks.runner)
 
     def __init__(self, config: PostgresConfig, name: str = "postgres", suffix: str = "") -> None:
-        if not config.dsn:
-            raise ConfigError("[postgres] dsn is empty: set it to the read model's database (a libpq DSN or URI)")
+        required_dsn(config)
         self.config, self.name, self.suffix = config, name, suffix
         self.where = f"PostgreSQL at {redact_dsn(config.dsn)}"
         self._conn: psycopg.Connection | None = None
@@ -313,10 +318,8 @@ def owned_schemas(conn: psycopg.Connection, prefix: str, suffix: str) -> list[st
 def check(config: Config) -> None:
     """The DSN, the server's version and the right to make schemas, before any Spark starts."""
     settings: PostgresConfig = config.postgres
-    if not settings.dsn:
-        raise ConfigError("[postgres] dsn is empty: set it to the read model's database (a libpq DSN or URI)")
     try:
-        conn = connect(settings.dsn, autocommit=True)
+        conn = connect(required_dsn(settings), autocommit=True)
     except StoreUnavailable as exc:
         raise ConfigError(f"{exc}: check [postgres] dsn") from None
     try:
@@ -344,16 +347,12 @@ def local(workdir: Path) -> tuple[Any, dict[str, str]]:
     return server, {"CDC_POSTGRES_DSN": server.create_database("read_model")}
 
 
-def _tables(conn: psycopg.Connection, topics: Iterable[str]) -> dict[str, str | None]:
-    return {topic: table_of(conn, topic) for topic in topics}
-
-
 def show(config: Config, topics: list[str]) -> list[str]:
     """What a reader's SELECT finds, a line per row."""
     conn = connect(config.postgres.dsn, autocommit=True)
     try:
         lines = []
-        for _topic, table in _tables(conn, topics).items():
+        for table in (table_of(conn, topic) for topic in topics):
             if table is None:
                 continue
             for key, row in conn.execute(f"SELECT _cdc_key, to_jsonb(t) - '_cdc_key' - '_cdc_lsn' - '_cdc_seq' "
@@ -376,11 +375,7 @@ class _Rows:
             self.conn = connect(self.dsn, autocommit=True)
         if self.conn.execute("SELECT to_regclass(%s)", (f"{META_SCHEMA}.tables",)).fetchone() == (None,):
             return dict.fromkeys(topics)
-        out: dict[str, int | None] = {}
-        for topic, table in _tables(self.conn, topics).items():
-            row = self.conn.execute(f"SELECT count(*) FROM {table}").fetchone() if table else None
-            out[topic] = None if row is None else int(row[0])
-        return out
+        return {topic: rows_of(self.conn, topic) for topic in topics}
 
     def close(self) -> None:
         if self.conn is not None:
