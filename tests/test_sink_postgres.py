@@ -180,3 +180,14 @@ def test_the_read_model_follows_added_dropped_and_retyped_columns_and_keeps_toas
     source = {r[0]: r[1:] for r in db.fetchall("SELECT id, n, md5(body), added FROM public.doc")}
     assert {i: row[:3] for i, row in held().items()} == source
     assert daemon.stop() == 0
+
+
+def test_an_unset_dsn_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    """`cdc sink postgres` and `cdc verify --stores postgres` refuse an empty [postgres] dsn
+    before anything starts."""
+    config = tmp_path / "cdc.toml"
+    config.write_text("[postgres]\n")
+    expected = "error: [postgres] dsn is empty: set it to the read model's database (a libpq DSN or URI)"
+    for args in (("sink", "postgres", "--once"), ("verify", "--stores", "postgres")):
+        done = _cdc(*args, "--config", str(config), timeout=120)
+        assert (done.returncode, done.stderr.strip()) == (1, expected), done.stderr

@@ -189,16 +189,18 @@ class _Waiter:
         )
 
 
-def _sides(config: Config, stores: list[str] | None) -> tuple[list[str], list[str]]:
-    """The stores to compare: those asked for, or those whose sink has recorded progress."""
+def _sides(config: Config, stores: list[str] | None) -> list[str]:
+    """The stores to compare: those asked for (their settings checked before any server is
+    asked), or those whose sink has recorded progress."""
     unknown = [s for s in stores or [] if s not in registry.STORES]
-    if unknown:  # before any server is asked
+    if unknown:
         raise ConfigError(f"unknown store {unknown[0]!r} in --stores: use {', '.join(registry.STORES)}")
-    ran = [s for s in registry.STORES if s in read_progress(config.topic)]
-    chosen = ran if stores is None else stores
-    for name in chosen:
+    if stores is None:
+        ran = read_progress(config.topic)
+        stores = [s for s in registry.STORES if s in ran]
+    for name in stores:
         registry.check_reader(name, config)
-    return chosen, ran
+    return stores
 
 
 def verify(config: Config, patterns: list[str], stores: list[str] | None, timeout_s: float,
@@ -207,7 +209,7 @@ def verify(config: Config, patterns: list[str], stores: list[str] | None, timeou
     from snapshot.plan import chosen_names
 
     started = time.monotonic()
-    chosen, _ = _sides(config, stores)
+    chosen = _sides(config, stores)
     catalog = connect_catalog(config)
     source = SourceSide(config, catalog)
     topic = TopicSide(config.topic)
