@@ -27,7 +27,6 @@ from sinks.stores.cache.store import CacheWriter, Settings, guarded, round_trip
 from tests.support import (
     Sink,
     acct_on_a_cluster,
-    acct_under_load,
     cdc,
     wait_caught_up,
     write_config,
@@ -128,24 +127,6 @@ def test_the_cache_follows_the_source_and_a_replay_changes_nothing(
 def _acct(client: redis.Redis, prefix: str) -> dict[int, tuple[int, str]]:
     rows = _visible(client, prefix)
     return {row["id"]: (row["version"], row["note"]) for key, row in rows.items() if ".public.acct:" in key}
-
-
-def test_kill_9_and_a_redis_that_lost_its_data_under_load(
-    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any
-) -> None:
-    from tests.support import SINK_TIMEOUT_S, wait_for
-
-    with LocalRedis(tmp_path / "redis") as server:  # no persistence: a restart comes back empty
-        def restart(sink: Sink) -> None:  # while the job streams: every row it wrote is gone
-            server.restart()
-            wait_for(lambda: "rebuilding it from the topics" in sink.log.read_text(), SINK_TIMEOUT_S,
-                     "the job to rebuild")
-
-        config = _config(tmp_path, db, broker_servers, topic_prefix, server.url,
-                         spark={"max_offsets_per_trigger": 700})
-        log = acct_under_load(db, run_daemon, Sink(config, tmp_path / "sink.log", store="cache"), restart,
-                              lambda: _acct(redis.Redis.from_url(server.url), topic_prefix))
-        assert f"Redis at {server.url} lost writes" in log
 
 
 def test_the_cache_job_on_a_standalone_cluster(

@@ -4,26 +4,20 @@ counts it; `cdc postgres rebuild` fills new schemas and switches them in."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from cdc.local.postgres import LocalPostgres
 from tests.support import (
     Sink,
     acct_changes_captured,
     acct_rows,
-    acct_under_load,
     slot_of,
     wait_caught_up,
-    wait_for,
     write_config,
 )
 from tests.test_sink_cache import BIG
@@ -95,40 +89,6 @@ def test_the_read_model_holds_the_rows_verifies_counts_and_rebuilds(
     assert again.returncode == 0, again.stderr[-3000:]
     assert _read_model(read_model) == acct_rows(db) == {1: (3, "after the truncate")}
     assert daemon.stop() == 0
-
-
-
-def _kill9(server: LocalPostgres) -> None:
-    """The read model's PostgreSQL killed -9: the postmaster and every backend (its process group)."""
-    pid = int((server.data_dir / "postmaster.pid").read_text().split()[0])
-    os.killpg(os.getpgid(pid), signal.SIGKILL)
-    wait_for(lambda: not server.running, 60, "the killed PostgreSQL to be gone")
-
-
-@pytest.mark.integration
-def test_kill_9_of_the_job_and_of_its_postgresql_under_load(
-    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any
-) -> None:
-    """Writers keep writing while the job is killed -9 mid-batch three times, then its
-    PostgreSQL is killed -9 for 10 s under the streaming job: the job waits for it and goes on,
-    and the table equals the source's, every batch applied whole once."""
-    server = LocalPostgres(tmp_path / "read-model").start()
-    try:
-        dsn = server.create_database("read_model")
-        config = write_config(tmp_path / "sink.toml", db.dsn, broker_servers, topic_prefix, ["public.*"],
-                              postgres={"dsn": dsn},
-                              spark={"checkpoint_dir": str(tmp_path / "checkpoints"), "max_offsets_per_trigger": 700})
-
-        def restart(sink: Sink) -> None:
-            _kill9(server)
-            time.sleep(10)  # batches meet a refused connection: retried, not lost
-            server.start()
-
-        log = acct_under_load(db, run_daemon, Sink(config, tmp_path / "sink.log", store="postgres"), restart,
-                              lambda: _read_model(dsn))
-        assert "is unreachable" in log or "terminating connection" in log or "server closed the connection" in log
-    finally:
-        server.close()
 
 
 @pytest.mark.integration

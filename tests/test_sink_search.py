@@ -39,7 +39,6 @@ from tests.support import (
     acct_changes_captured,
     acct_on_a_cluster,
     acct_rows,
-    acct_under_load,
     cdc,
     cdc_here,
     wait_caught_up,
@@ -208,24 +207,6 @@ def test_the_index_follows_the_source_and_replays_change_nothing(
 def _acct(base: str, prefix: str) -> dict[int, tuple[int, str]]:
     rows = _rows(base, f"{prefix}.public.acct")
     return {row["id"]: (row["version"], row["note"]) for row in rows.values()}
-
-
-def test_kill_9_and_an_opensearch_restart_under_load(
-    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any
-) -> None:
-    with LocalOpenSearch(tmp_path / "os") as node:
-        def restart(sink: Sink) -> None:  # while the job streams: back once the job found it gone
-            seen = sink.log.read_text().count(f"OpenSearch at {node.url}: ")
-            node.kill9()
-            wait_for(lambda: sink.log.read_text().count(f"OpenSearch at {node.url}: ") > seen, SINK_TIMEOUT_S,
-                     "the job to find OpenSearch gone", poll=0.2)
-            node.start()
-
-        config = _config(tmp_path, db, broker_servers, topic_prefix, node.url,
-                         spark={"max_offsets_per_trigger": 700})
-        log = acct_under_load(db, run_daemon, Sink(config, tmp_path / "sink.log", store="search"), restart,
-                              lambda: _acct(node.url, topic_prefix))
-        assert f"OpenSearch at {node.url}: " in log  # the job saw it gone and went on
 
 
 def test_the_search_job_on_a_standalone_cluster(
