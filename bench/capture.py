@@ -64,6 +64,8 @@ REPO = str(Path(__file__).resolve().parent.parent)
 sys.path.insert(0, REPO)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
 
+import figures  # noqa: E402  (bench/figures.py: bench/ is on sys.path when a bench runs)
+
 from cdc.accel import native  # noqa: E402
 from cdc.config import TopicConfig  # noqa: E402
 from cdc.jars import BUNDLES  # noqa: E402
@@ -370,6 +372,9 @@ def pct(values: list[float], q: float) -> float:
 
 
 class Bench:
+    name = "capture"  # of its results file, bench/results/capture.json
+    title = "Capture pipeline vs. its physical limits"
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.clients: list[str] = args.clients
@@ -840,7 +845,7 @@ class Bench:
         a, w = self.args, self.workload
         res = self.results
         out = self.report_head(
-            "Capture pipeline vs. its physical limits",
+            self.title,
             f"Workload: {a.rows:,} row changes ({w.inserts:,} INSERT, {w.updates:,} UPDATE) in {w.transactions:,} "
             f"transactions of 100-1000 rows on a 6-column table, {(w.end_lsn - w.start_lsn) / 2**20:,.0f} MiB of WAL; "
             f"cdc event values average {self.mean_sample_size():,.0f} B.",
@@ -946,6 +951,24 @@ class Bench:
         for name, command in self.commands.items():
             out.append(f"- {name}: `{command}`")
         return "\n".join(out)
+
+
+    # -- the results file ---------------------------------------------------------------------------
+    def results_variant(self) -> str:
+        """What this run's figures compare across, in the results file's name (none here)."""
+        return ""
+
+    def results_versions(self) -> dict[str, str]:
+        """The versions the figures depend on, for the results file."""
+        return {**figures.package_versions("psycopg", "kafka-python", "crc32c", "confluent-kafka", "orjson"),
+                **figures.jvm_versions("kafka"), **figures.postgres_version(),
+                "accelerator": "C" if native else "pure Python"}
+
+    def record(self, report: str, directory: Path | None = None) -> Path:
+        """Write the printed report's figures to bench/results/ (bench/figures.py)."""
+        during = (min(self.loads), max(self.loads)) if self.loads else None
+        return figures.write(self.name, report, title=self.title, versions=self.results_versions(), variant=self.results_variant(),
+                             load_during=during, directory=directory)
 
 
 def _f(value: float | None, digits: int = 1) -> str:
@@ -1277,7 +1300,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def drive(bench: Any, has_results: Callable[[], bool]) -> bool:
     """Run a bench; Ctrl-C, SIGTERM and SIGHUP stop everything it started. Prints its report
-    (what was measured so far) in any case; False when interrupted."""
+    (what was measured so far) in any case, and writes its results file when the run completed
+    without a failure; False when interrupted."""
 
     def interrupted(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -1296,7 +1320,10 @@ def drive(bench: Any, has_results: Callable[[], bool]) -> bool:
     finally:
         bench.close()
         if has_results():
-            print(bench.report())
+            report = bench.report()
+            print(report)
+            if not bench.failed:
+                bench.record(report)
     return True
 
 

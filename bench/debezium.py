@@ -47,6 +47,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capture  # noqa: E402  (this checkout's cdc on sys.path, the /proc helpers, the table)
+import figures  # noqa: E402
 
 from cdc.local.connect import LocalKafkaConnect, debezium_connector  # noqa: E402
 from cdc.local.kafka import LocalKafka  # noqa: E402
@@ -500,7 +501,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bench.run()
         print("command: " + shlex.join(["python", "bench/debezium.py", *(argv or sys.argv[1:])]))
-        print(bench.report())
+        report = bench.report()
+        print(report)
+        versions = {**figures.package_versions("psycopg", "confluent-kafka"),
+                    **figures.jvm_versions("kafka", "debezium-postgres"), **figures.postgres_version()}
+        figures.write("debezium", report, title="cdc against Debezium", versions=versions,
+                      load_during=(min(bench.loads), max(bench.loads)) if bench.loads else None,
+                      argv=["debezium.py", *(argv or sys.argv[1:])])
         return 0
     finally:
         bench.close()

@@ -37,6 +37,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import figures
 from capture import group_cpu_seconds, thread_cpu
 
 MARK = "@@commit "
@@ -242,7 +243,7 @@ def main() -> int:
         parser.add_argument("--jfr", action="store_true")
         child(parser.parse_args(sys.argv[2:]))
         sys.stdout.flush()
-        os._exit(0)  # delta-rs may abort at interpreter exit (ENVIRONMENT.md)
+        os._exit(0)  # delta-rs may abort at interpreter exit: skip it, output flushed
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--rows", type=int, default=150_000, help="rows in the table (default 150000)")
     parser.add_argument("--changes", type=int, default=40, help="changes per write (default 40)")
@@ -268,13 +269,14 @@ def main() -> int:
             print(f"[{time.strftime('%H:%M:%S')}] {variant} ...", file=sys.stderr, flush=True)
             results[variant] = run_variant(args, variant, workdir)
         load1 = os.getloadavg()[0]
-        print(f"\n## One small Delta write: {args.changes} changes into a {args.rows:,}-row table\n")
-        print(f"Command: `{command}`, {time.strftime('%Y-%m-%d %H:%M %Z')}; 1-minute load average {load0:.2f} "
-              f"before, {load1:.2f} after; medians of {args.commits} writes after {args.warmup} of warm-up.\n")
+        title = f"One small Delta write: {args.changes} changes into a {args.rows:,}-row table"
+        out = [f"\n## {title}\n",
+               f"Command: `{command}`, {time.strftime('%Y-%m-%d %H:%M %Z')}; 1-minute load average {load0:.2f} "
+               f"before, {load1:.2f} after; medians of {args.commits} writes after {args.warmup} of warm-up.\n"]
         kinds = ("driver", "tasks", "jit", "gc", "other")
-        print("| writer (settings over the sink's) | wall s | CPU s (p10-p90) | Python CPU s | JVM: "
-              + " | ".join(kinds) + " | Spark jobs | tasks |")
-        print("|---|" + "---:|" * (7 + len(kinds) - 2))
+        out.append("| writer (settings over the sink's) | wall s | CPU s (p10-p90) | Python CPU s | JVM: "
+                   + " | ".join(kinds) + " | Spark jobs | tasks |")
+        out.append("|---|" + "---:|" * (7 + len(kinds) - 2))
         for variant, result in results.items():
             writes = result["writes"]
 
@@ -285,16 +287,19 @@ def main() -> int:
             p10, p90 = cpus[len(cpus) // 10], cpus[min(len(cpus) - 1, len(cpus) * 9 // 10)]
             label = variant if variant == "delta-rs" else (
                 f"spark {variant}" + (f" (`{json.dumps(VARIANTS[variant])}`)" if VARIANTS[variant] else ""))
-            print(f"| {label} | {med([w['wall'] for w in writes]):.2f} | {med(cpus):.2f} ({p10:.2f}-{p90:.2f}) | "
-                  f"{med([w['python'] for w in writes]):.2f} | "
-                  + " | ".join(f"{med([w['threads'].get(k, 0.0) for w in writes]):.2f}" for k in kinds)
-                  + f" | {med([w['jobs'] for w in writes]):.0f} | {med([w['tasks'] for w in writes]):.0f} |")
+            out.append(f"| {label} | {med([w['wall'] for w in writes]):.2f} | {med(cpus):.2f} ({p10:.2f}-{p90:.2f}) | "
+                       f"{med([w['python'] for w in writes]):.2f} | "
+                       + " | ".join(f"{med([w['threads'].get(k, 0.0) for w in writes]):.2f}" for k in kinds)
+                       + f" | {med([w['jobs'] for w in writes]):.0f} | {med([w['tasks'] for w in writes]):.0f} |")
         recording = workdir / "default.jfr"
         if args.jfr and recording.exists():
-            print("\nJFR execution samples of the default variant's JVM (whole run), by the first Delta, "
-                  "Catalyst or top frame's package:\n")
-            for package, count in jfr_packages(recording):
-                print(f"- {package}: {count}")
+            out.append("\nJFR execution samples of the default variant's JVM (whole run), by the first Delta, "
+                       "Catalyst or top frame's package:\n")
+            out += [f"- {package}: {count}" for package, count in jfr_packages(recording)]
+        printed = "\n".join(out)
+        print(printed)
+        figures.write("delta_commit", printed, title=title,
+                      versions={**figures.package_versions("pyspark", "pyarrow", "deltalake"), **figures.jvm_versions("spark")})
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

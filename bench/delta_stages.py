@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import figures
 from capture import group_cpu_seconds
 
 MARK = "@@stage "
@@ -200,8 +201,12 @@ def main() -> None:
         raise SystemExit(f"unknown variant {', '.join(unknown)}: pick from {', '.join(VARIANTS)}")
     started = time.monotonic()
     results = {variant: run_variant(variant, args) for variant in variants}
-    print("\n".join(report(results, args)))
+    printed = "\n".join(report(results, args))
+    print(printed)
     print(f"\n({time.monotonic() - started:.0f} s)")
+    inserts = "" if args.inserts == 0.6 else f"-{args.inserts * 100:.0f}pct-inserts"
+    figures.write("delta_stages", printed, title="The Delta job's CPU per stage", variant=f"{args.tables}-tables{inserts}",
+                  versions={**figures.package_versions("pyspark", "pyarrow"), **figures.jvm_versions("spark")})
 
 
 if __name__ == "__main__":

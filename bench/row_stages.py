@@ -2,14 +2,15 @@
 
     python bench/row_stages.py [--records 200000] [--tables 5] [--batches 5]
 
-bench/sinks.py measures each job whole against its store's room; its Spark JVM and driver
-took 36-40 µs per record, 3.5-5 times its read ceiling. This one takes that apart without
-Kafka, PostgreSQL or a store. It makes --batches micro-batches of --records Kafka records
-(Debezium envelopes without schema blocks, as cdc sends them by default, over --tables tables
-shaped like bench/sinks.py's backlog tables), stores each (`localCheckpoint`, standing in for
-Spark's Kafka source, which bench/sinks.py's read ceiling measures), then runs the jobs' own
-code on it, timing the CPU of this process group (the driver's Python and its JVM; the
-executors' Python workers are in a group of their own and not counted) per stage:
+bench/sinks.py measures each job whole against its store's room, and finds Spark's JVM and
+driver taking several times its read ceiling's CPU per record (docs/benchmarks.md). This one
+takes that apart without Kafka, PostgreSQL or a store. It makes --batches micro-batches of
+--records Kafka records (Debezium envelopes without schema blocks, as cdc sends them by
+default, over --tables tables shaped like bench/sinks.py's backlog tables), stores each
+(`localCheckpoint`, standing in for Spark's Kafka source, which bench/sinks.py's read ceiling
+measures), then runs the jobs' own code on it, timing the CPU of this process group (the
+driver's Python and its JVM; the executors' Python workers are in a group of their own and
+not counted) per stage:
 
 - scan: the stored records counted (the floor of every later stage);
 - parse: the envelopes into change rows (sinks.envelope.change_rows), not stored;
@@ -33,6 +34,7 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
+import figures
 import pyarrow as pa
 from delta_stages import Laps
 
@@ -122,8 +124,11 @@ def main() -> None:
     args = parser.parse_args()
     started = time.monotonic()
     spent = run(args.records, args.tables, args.batches)
-    print("\n".join(report(spent, args)))
+    printed = "\n".join(report(spent, args))
+    print(printed)
     print(f"\n({time.monotonic() - started:.0f} s)")
+    figures.write("row_stages", printed, title="Spark's CPU per record, stage by stage",
+                  versions={**figures.package_versions("pyspark", "pyarrow"), **figures.jvm_versions("spark")})
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import figures
 import orjson
 import psycopg
 from capture import (
@@ -759,6 +760,21 @@ class SinksBench(Bench):
     """bench/capture.py's Bench (process groups, services, clean-up, daemon helpers) with the
     sink phases."""
 
+    name = "sinks"
+    title = "Sink jobs vs. Spark's read ceiling"
+
+    def results_variant(self) -> str:
+        """The stores, and the tables when not the default 4: runs of other stores or table
+        counts measure other things, and keep results files of their own."""
+        tables = "" if self.args.tables == 4 else f"-{self.args.tables}-tables"
+        return "-".join(self.args.stores) + tables
+
+    def results_versions(self) -> dict[str, str]:
+        return {**super().results_versions(),
+                **figures.package_versions("pyspark", "pyarrow", "redis", "opensearch-py", "deltalake"),
+                **figures.jvm_versions("spark", "opensearch"),
+                **figures.program_version("redis", ["redis-server", "--version"])}
+
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
         DeltaBench.history_interval_s = args.history_interval
@@ -1269,7 +1285,7 @@ class SinksBench(Bench):
         after = getattr(self, "load_after", None)
         during = f", {min(self.loads):.2f}-{max(self.loads):.2f} during" if self.loads else ""
         out = [
-            "", "## Sink jobs vs. Spark's read ceiling", "",
+            "", f"## {self.title}", "",
             f"Command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`, {time.strftime('%Y-%m-%d %H:%M %Z')}", "",
             f"Backlog: {w.inserts + w.updates:,} changes ({w.inserts:,} INSERT, {w.updates:,} UPDATE) in "
             f"{w.transactions:,} transactions over {len(self.tables)} tables (int key, text, numeric(12,2), timestamptz, "
@@ -1629,7 +1645,7 @@ def reader_child(conn: Any, store_name: str, view: str, config_path: str, poll_s
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)  # pyarrow/Parquet readers may abort at interpreter exit (ENVIRONMENT.md)
+        os._exit(0)  # pyarrow/Parquet readers may abort at interpreter exit: skip it, output flushed
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -1834,4 +1850,4 @@ if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)  # a Spark child's Python or delta-rs may abort at interpreter exit (ENVIRONMENT.md)
+    os._exit(code)  # a Spark child's Python or delta-rs may abort at interpreter exit: skip it, output flushed

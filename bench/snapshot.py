@@ -169,6 +169,9 @@ class SnapshotBench(Bench):
     """bench/capture.py's Bench (process groups, PostgreSQL and the broker, clean-up, the client-alone phase)
     with its own setup, phases and report."""
 
+    name = "snapshot"
+    title = "cdc snapshot vs. its physical limits"
+
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
         self.copies: dict[str, CopyResult] = {}
@@ -357,7 +360,7 @@ class SnapshotBench(Bench):
     def report(self) -> str:
         a = self.args
         out = self.report_head(
-            "cdc snapshot vs. its physical limits",
+            self.title,
             f"Table: {a.rows:,} rows, 6 columns (integer primary key), {self.table_mb:,.0f} MiB, frozen and analyzed; "
             f"snapshot event values average {self.mean_sample_size():,.0f} B; {PARTITIONS} partitions; "
             f"[snapshot] split_rows = {a.split_rows or 'default (200000)'}.",

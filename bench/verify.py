@@ -34,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout's cdc, not wherever `pip install -e` points
 
+import figures  # noqa: E402
 import psycopg  # noqa: E402
 from capture import PG_SETTINGS  # noqa: E402
 
@@ -223,8 +224,15 @@ def main() -> int:
         fills = bench.fill()
         read = bench.spark_read()
         wall, verified = bench.verify()
-        print(report(args.rows, capture_s, fills, read, wall, verified, bench.loads))
+        printed = report(args.rows, capture_s, fills, read, wall, verified, bench.loads)
+        print(printed)
         print(f"\ncommand: python bench/verify.py --rows {args.rows} --stores {','.join(args.stores)} --client {args.client}")
+        versions = {**figures.package_versions("psycopg", "confluent-kafka", "kafka-python", "pyspark", "pyarrow",
+                                               "redis", "opensearch-py", "deltalake"),
+                    **figures.jvm_versions("kafka", "spark", "opensearch"), **figures.postgres_version(),
+                    **figures.program_version("redis", ["redis-server", "--version"])}
+        figures.write("verify", printed, title="cdc verify against one Spark read of the topic", versions=versions,
+                      load_during=(min(bench.loads), max(bench.loads)) if bench.loads else None)
         return 0
     finally:
         bench.close()

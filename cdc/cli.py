@@ -435,7 +435,7 @@ def verify(config: Config, as_json: bool, tables: tuple[str, ...], stores: str |
 
 
 @main.command("config")
-@click.option("--settings", "table", is_flag=True, help="Print the table of every setting (the README's) instead.")
+@click.option("--settings", "table", is_flag=True, help="Print the table of every setting (docs/configuration.md's) instead.")
 @_with_config
 def show_config(config: Config, table: bool) -> None:
     """Print the effective configuration (file + environment), secrets masked."""

@@ -6,7 +6,7 @@ ignored: a typo in a config must not quietly fall back to a default.
 
 The section dataclasses below are the settings table: every field is declared with `opt()`,
 which carries its help, its allowed values or range and whether it holds a secret. The
-loader, `cdc config`, the redaction of secrets and the README's configuration table all
+loader, `cdc config`, the redaction of secrets and the docs' configuration table (docs/configuration.md) all
 read that table (`SETTINGS`), so a setting cannot be added without its validation: a field
 declared without `opt()` fails at import.
 """
@@ -743,7 +743,7 @@ def as_dict(config: Config, hide_secrets: bool = True) -> dict[str, Any]:
 
 
 def settings_markdown() -> str:
-    """The README's configuration table, generated from SETTINGS (tests/test_config.py keeps them equal)."""
+    """The table of docs/configuration.md, generated from SETTINGS (tests/test_config.py keeps them equal)."""
     store_sections()
     lines = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
     for s in SETTINGS:

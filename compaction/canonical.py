@@ -1,7 +1,7 @@
 """One canonical form of a row, so that PostgreSQL, the topics and every store can be compared
 by hashes computed where the data is.
 
-The reference is the topic's JSON: each column's value as the event carries it (the README's
+The reference is the topic's JSON: each column's value as the event carries it (docs/events.md's
 type table). A store holds it in its own form (Delta typed, OpenSearch converted by
 sinks.stores.search.shapes, Redis the event's `after`); its reader turns it back into the event's
 form, and this module makes the last steps exact on every side:

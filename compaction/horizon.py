@@ -170,7 +170,7 @@ class Horizon:
             return (
                 f"sink {job} is {behind} behind, past the tombstone horizon ({retention}): deletes it has not "
                 f"applied may be gone from the topics and their rows stay in its store; rebuild the store from the "
-                f"topics (README, Operations: rebuilding a store) and keep the job running"
+                f"topics (docs/operations.md: Rebuilding a store) and keep the job running"
             )
         if self.state == "warning":
             left = duration(self.retention_ms - self.lag.lag_ms)

@@ -1,7 +1,7 @@
 """The topic read as a table: what compaction converges to, and what every derived store must equal.
 
 A fold over a table topic's records, in each partition's offset order (a key's records all
-sit in one partition, in position order: DESIGN.md's invariant):
+sit in one partition, in position order: docs/design.md's invariant):
 - the latest record of a key wins (Kafka's cleaner keeps the highest offset of a key);
 - a `d` event and a tombstone remove the row (a tombstone keeps the `d`'s position, if seen);
 - a truncate (`t` under the reserved key, in one partition while the rows it removes sit in

@@ -1,1 +1,1 @@
-"""Spark sink jobs that keep derived stores in sync from the topics (DESIGN.md)."""
+"""Spark sink jobs that keep derived stores in sync from the topics (docs/design.md)."""

@@ -1,6 +1,6 @@
 """One micro-batch of one table, decoded for a store of typed columns (sinks.store.TableStore).
 
-The rules every store shares (DESIGN.md, derived stores): events are decoded with the
+The rules every store shares (docs/design.md, derived stores): events are decoded with the
 table version in force at their commit LSN; per key, offset order is position order, so
 the last change of a key is its highest offset; a tombstone deletes its key; a truncate
 deletes every older row of its table, also one read in a later batch than the truncate.
@@ -72,8 +72,8 @@ def _decoded(rows: DataFrame, version: Version, columns: dict[str, DataType]) ->
 
     Every record of the warehouse is decoded here twice (the job, then history's query), so
     it keeps to expressions Spark compiles: a lambda (`forall`, `filter`) runs interpreted
-    per row, and without the three it had, decoding took 30 % less CPU
-    (bench/delta_stages.py: 6.5-6.8 against 9.4 CPU s per 200,000 changes over 5 tables)."""
+    per row, and without the three it had, decoding took 30 % less CPU (docs/benchmarks.md,
+    "Delta: the job's CPU per stage")."""
     after = F.from_json(F.col("after"), "map<string,string>")
     decoded = rows.withColumn("_after", after)
     m = F.col("_after")

@@ -48,17 +48,15 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",  # timestamp (without time zone) columns keep their wall time
         "spark.sql.shuffle.partitions": "2",  # the default 200 costs seconds per micro-batch on 2 cores
         # Delta rebuilds a table's file list for every MERGE/UPDATE/DELETE in this many tasks (50
-        # by default): on a few cores that is most of a small batch's time (a 99-row MERGE: 15-30 s
-        # at 50, 2.5-3.5 s at 1, measured)
+        # by default): on a few cores that is most of a small batch's time
         "spark.databricks.delta.snapshotPartitions": "2",
         # every write gains small files: the Delta sink compacts a table every so many commits
         # (sinks.stores.delta.COMPACT_EVERY) rather than with Delta's auto compaction, whose check after
-        # each commit costs ~1 s on 2 cores (a MERGE of 3 rows: 2.2-3.0 s with it, 1.3-1.6 s
-        # without, measured); scans pack small files into few tasks
+        # each commit costs about a second on 2 cores; scans pack small files into few tasks
         "spark.sql.files.openCostInBytes": "131072",
         # a batch's Delta writes compile ~25 classes per table; with Spark's 100 cached ones,
-        # a few tables evict each other every batch and compile again (~100 compiles per batch
-        # of 4 tables at 100, ~4 at 2000, measured), and the JIT compiles the new classes again
+        # a few tables evict each other every batch and compile again, and the JIT compiles the
+        # new classes again
         "spark.sql.codegen.cache.maxEntries": "2000",
     }
 

@@ -1,6 +1,6 @@
 """The Spark (and Delta) type of every column, and the decoding of an event's values into it.
 
-The mapping is the README's sink type table; `decode` turns one column's JSON text (as the
+The mapping is the sink type table of docs/sinks/delta.md; `decode` turns one column's JSON text (as the
 event carries it) into that type and says when a value does not fit.
 """
 
@@ -54,7 +54,7 @@ def numeric_precision(modifier: int) -> tuple[int, int] | None:
 
 
 def spark_type(connect: dict[str, Any], pg_type: str, modifier: int) -> DataType:
-    """The Spark/Delta type of a column (the README's sink type table)."""
+    """The Spark/Delta type of a column (the sink type table of docs/sinks/delta.md)."""
     ctype, name = connect["type"], connect.get("name")
     if ctype == "array":
         from pyspark.sql.types import ArrayType

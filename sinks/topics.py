@@ -82,7 +82,7 @@ def read_stream(spark: SparkSession, config: TopicConfig, max_offsets_per_trigge
         .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
         .option("failOnDataLoss", "false")
         # a consumer at the end of a partition otherwise waits 500 ms (Kafka's default) for
-        # data: most of a small batch's read time (measured: 2 s down to 0.6-1 s per batch)
+        # data: most of a small batch's read time
         .option("kafka.fetch.max.wait.ms", "10")
         .load()
     )

@@ -1,1 +1,1 @@
-"""Snapshots aligned to the replication slot (initial and incremental); see DESIGN.md."""
+"""Snapshots aligned to the replication slot (initial and incremental); see docs/design.md."""

@@ -82,7 +82,7 @@ _progress_queue: multiprocessing.Queue | None = None
 def _init_worker(queue: multiprocessing.Queue, parent: int, log_level: str, secrets: list[str]) -> None:
     """A reader must never outlive its coordinator: after a `kill -9` of the daemon, an
     orphan still producing snapshot rows would land them after the restarted daemon's
-    newer events (DESIGN.md: no snapshot rows from a second process while streaming).
+    newer events (docs/design.md: no snapshot rows from a second process while streaming).
     A spawned reader starts with no logging set up: it gets the daemon's level and masking."""
     global _progress_queue
     _progress_queue = queue

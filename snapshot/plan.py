@@ -1,6 +1,6 @@
 """What to snapshot at start-up, from the snapshot mode, the slot and the durable state.
 
-The rules (README, "Snapshots"): a new slot gets the aligned initial snapshot; an existing
+The rules (docs/snapshots.md): a new slot gets the aligned initial snapshot; an existing
 slot streams, and every captured table without a complete snapshot in the state (the
 initial one was interrupted, the table was added to `tables`, or there is no state at
 all) is snapshotted incrementally while streaming. A slot that is gone or lost although

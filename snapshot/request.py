@@ -1,7 +1,7 @@
 """`cdc snapshot` with a slot in place: ask its daemon for an incremental snapshot.
 
 Snapshot rows may enter a topic only before streaming starts or inline through the
-streaming daemon (DESIGN.md), so this never reads a table itself. With the daemon running
+streaming daemon (docs/design.md), so this never reads a table itself. With the daemon running
 it writes a logical message into the WAL, which the daemon reads in order with the
 changes and records durably before confirming past it. With the daemon stopped (this
 process then holds the slot's lock) it queues the tables in the durable state directly.

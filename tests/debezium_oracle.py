@@ -4,7 +4,7 @@ One PostgreSQL database, four pipelines reading it: cdc and the real Debezium co
 each with JsonConverter schemas on and off. `Workload` writes the fixture tables (a
 snapshot part, then a streaming part), `collect` reads every pipeline's topics, and
 `compare` pairs events per table, key and order and lists every place where the two
-differ, down to one column of one event. `DOCUMENTED` names each difference the README
+differ, down to one column of one event. `DOCUMENTED` names each difference docs/events.md
 documents, with the rule that recognises it.
 """
 
@@ -306,7 +306,7 @@ def _pairs(mine: list[Event], other: list[Event]) -> dict[tuple, tuple[Event | N
     return {k: (a.get(k), b.get(k)) for k in dict.fromkeys([*a, *b])}
 
 
-# -- the documented differences (README, "Debezium 3.x differs") ----------------------------
+# -- the documented differences (docs/events.md, "Debezium 3.x differs") ---------------
 
 def _numeric(d: Difference) -> bool:
     if not d.column_type.startswith("numeric") or not d.where.startswith(("after.", "before.")):
@@ -483,7 +483,7 @@ def _key_schema(d: Difference) -> bool:
     return d.where == "key schema" and d.ours is None and d.theirs is not None
 
 
-#: name -> (README's words, recogniser). Every observed difference must match one; every one
+#: name -> (the words of docs/events.md, recogniser). Every observed difference must match one; every one
 #: listed here must be observed at least once.
 DOCUMENTED: dict[str, tuple[str, Callable[[Difference], bool]]] = {
     "numeric text": ("numeric: Debezium prints BigDecimal.toString(), NAN", _numeric),

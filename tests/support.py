@@ -521,3 +521,21 @@ def acct_on_a_cluster(
 def acct_rows(db: Any) -> dict[int, tuple[int, str]]:
     """`public.acct` in PostgreSQL: id -> (version, note)."""
     return {r[0]: (r[1], r[2]) for r in db.fetchall("SELECT id, version, note FROM public.acct")}
+
+
+def png_pixels(path: Path) -> tuple[int, int, bytes]:
+    """Width, height and the decompressed scanlines of a PNG (no imaging library needed)."""
+    import struct
+    import zlib
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    width, height = struct.unpack(">II", data[16:24])
+    chunks, i = [], 8
+    while i < len(data):
+        length, kind = struct.unpack(">I4s", data[i:i + 8])
+        if kind == b"IDAT":
+            chunks.append(data[i + 8:i + 8 + length])
+        i += 12 + length
+    return width, height, zlib.decompress(b"".join(chunks))
+

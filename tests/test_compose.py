@@ -4,7 +4,7 @@ No image registry is reachable here, so the stack itself cannot start (the offic
 PostgreSQL, Kafka, OpenSearch and Redis images cannot be pulled; the project's own image is
 run by tests/test_containers.py). Debian's docker-compose parses, merges, interpolates and
 validates the files (`docker-compose config`); these tests read its result and check it
-against the README's docker/ section, cdc's settings table and docker/.env.example.
+against the deployment page (docs/deployment.md), cdc's settings table and docker/.env.example.
 """
 
 from __future__ import annotations
@@ -59,14 +59,14 @@ def prod() -> dict[str, Any]:
     return merged(PROD)
 
 
-def readme_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    return text.split("\n## docker/", 1)[1].split("\n## ", 1)[0]
+def deployment_page() -> str:
+    """The docs page the compose files are checked against."""
+    return (ROOT / "docs" / "deployment.md").read_text()
 
 
-def readme_table(marker: str) -> list[list[str]]:
-    """The rows of the table after `<!-- marker ... -->` in the README's docker/ section."""
-    after = readme_section().split(f"<!-- {marker}", 1)[1].split("-->", 1)[1].strip()
+def page_table(marker: str) -> list[list[str]]:
+    """The rows of the table after `<!-- marker ... -->` on the deployment page."""
+    after = deployment_page().split(f"<!-- {marker}", 1)[1].split("-->", 1)[1].strip()
     rows = []
     for line in after.splitlines()[2:]:
         if not line.startswith("|"):
@@ -131,27 +131,27 @@ def test_every_service_restarts_checks_its_health_and_waits_for_what_it_needs(pr
     assert "wal_level=logical" in postgres
 
 
-def test_services_images_ports_and_volumes_are_the_readmes(base: dict[str, Any], prod: dict[str, Any]) -> None:
-    rows = readme_table("compose services")
-    readme = {ticked(row[0])[0]: row for row in rows}
-    assert set(readme) == set(prod["services"])
-    assert {name for name, row in readme.items() if ticked(row[1]) == ["compose.yaml"]} == set(base["services"])
+def test_services_images_ports_and_volumes_are_the_docs(base: dict[str, Any], prod: dict[str, Any]) -> None:
+    rows = page_table("compose services")
+    documented = {ticked(row[0])[0]: row for row in rows}
+    assert set(documented) == set(prod["services"])
+    assert {name for name, row in documented.items() if ticked(row[1]) == ["compose.yaml"]} == set(base["services"])
     for name, service in prod["services"].items():
-        _, _, image, _, port, volumes = readme[name]
+        _, _, image, _, port, volumes = documented[name]
         assert ticked(image) == [service["image"]], name
         published = [p.split(":")[1] for p in service.get("ports", [])]
         assert ([port] if port else []) == published, name
         assert sorted(ticked(volumes)) == sorted(named_volumes(service)), name
 
 
-def test_volumes_mount_points_and_users_are_the_readmes(base: dict[str, Any], prod: dict[str, Any]) -> None:
+def test_volumes_mount_points_and_users_are_the_docs(base: dict[str, Any], prod: dict[str, Any]) -> None:
     users: dict[str, tuple[str, set[str]]] = {}
     for name, service in prod["services"].items():
         for volume, target in named_volumes(service).items():
             path, names = users.setdefault(volume, (target, set()))
             assert path == target, (volume, name)  # one mount point per volume
             names.add(name)
-    rows = readme_table("compose volumes")
+    rows = page_table("compose volumes")
     assert {ticked(row[0])[0]: (ticked(row[1])[0], set(ticked(row[2]))) for row in rows} == users
     assert set(prod["volumes"]) == set(users)
     shared = {name for name, volume in prod["volumes"].items() if volume.get("driver_opts")}
@@ -241,13 +241,13 @@ def test_the_production_shape_has_three_brokers_in_one_quorum(prod: dict[str, An
     assert len({name for volumes in data for name in volumes}) == 3  # a log directory each
 
 
-def test_env_example_and_readme_name_every_variable_the_files_use() -> None:
+def test_env_example_and_the_docs_name_every_variable_the_files_use() -> None:
     used = set()
     for file in PROD:
         used |= set(re.findall(r"\$\{([A-Z0-9_]+)", file.read_text()))
     example = {line.split("=", 1)[0] for line in ENV_FILE.read_text().splitlines() if re.match(r"[A-Z0-9_]+=", line)}
     assert example == used
-    section = readme_section()
+    section = deployment_page()
     cdc_env = set()
     for file in PROD:
         cdc_env |= set(re.findall(r"^\s+(CDC_[A-Z0-9_]+):", file.read_text(), re.M))  # environment keys

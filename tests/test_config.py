@@ -322,11 +322,11 @@ def test_redact_dsn_keeps_query_parameters_after_the_password():
 
 
 
-def test_readme_table_is_the_settings_table():
-    """The README's configuration table is generated from the settings table (`cdc config --settings`)."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    begin = readme.index("<!-- settings table:")
-    table = readme[readme.index("\n", begin) + 1:readme.index("\n<!-- end of settings table -->")]
+def test_the_docs_table_is_the_settings_table():
+    """The docs' configuration table is generated from the settings table (`cdc config --settings`)."""
+    page = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    begin = page.index("<!-- settings table:")
+    table = page[page.index("\n", begin) + 1:page.index("\n<!-- end of settings table -->")]
     assert table == settings_markdown(), "regenerate it: python -m cdc config --settings"
     result = CliRunner().invoke(main, ["config", "--settings"], env={})
     assert result.exit_code == 0 and result.output == settings_markdown() + "\n"

@@ -5,7 +5,7 @@ off, over the same fixture tables (tests/debezium_oracle.py): an aligned snapsho
 inserts, updates, deletes with tombstones, a key change, REPLICA IDENTITY FULL before
 images, unchanged TOASTed values, a schema change and a truncate. Events are paired per
 table, key and order and compared field by field (keys, values, source, schemas). Every
-difference must be one the README documents (`DOCUMENTED`), and every documented one must
+difference must be one docs/events.md documents (`DOCUMENTED`), and every documented one must
 still be observed: a fix on either side, or a new difference, fails here.
 """
 
@@ -172,7 +172,7 @@ def test_every_documented_difference_is_still_observed(run: Run) -> None:
         for schemas in (True, False)
         for d in oracle.compare(run.cdc[schemas], run.debezium[schemas], _phase, run.types)
     }
-    assert set(oracle.DOCUMENTED) - seen == set(), "documented but no longer observed: fix the README and DOCUMENTED"
+    assert set(oracle.DOCUMENTED) - seen == set(), "documented but no longer observed: fix docs/events.md and DOCUMENTED"
 
 
 def test_both_sides_saw_every_kind_of_event(run: Run) -> None:

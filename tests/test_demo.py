@@ -1,4 +1,4 @@
-"""The README's first command: `cdc demo` runs the pipeline on embedded defaults."""
+"""The README's first command (docs/getting-started.md): `cdc demo` runs the pipeline on embedded defaults."""
 
 from __future__ import annotations
 

@@ -136,7 +136,7 @@ def test_postgres_connections_cut_mid_stream(tmp_path, db, broker_servers, topic
 
 class _FailOnce:
     """Loses one record handed to the client while records sent after it succeed, then
-    reports it failed: the hazard DESIGN.md names (a lone retry of it would land after
+    reports it failed: the hazard docs/design.md names (a lone retry of it would land after
     newer versions of its key). Reported as a client reports it: in order on its partition,
     so no later record of that partition counts as acknowledged before the failure shows."""
 

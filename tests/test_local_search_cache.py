@@ -115,7 +115,7 @@ def test_versioned_bulk_through_an_alias(opensearch: LocalOpenSearch) -> None:
 
 
 def test_what_the_integ_test_distribution_lacks(opensearch: LocalOpenSearch) -> None:
-    """Facts of the distribution: a sink must not use these (see README, Local services)."""
+    """Facts of the distribution: a sink must not use these (see docs/development.md, Local services)."""
     base, alias = opensearch.url, "t" + uuid.uuid4().hex[:12]
     status, answer = http(base, "PUT", f"/{alias}_flat", {"mappings": {"properties": {"a": {"type": "flattened"}}}})
     assert status == 400 and "No handler for type [flattened]" in json.dumps(answer)

@@ -1,4 +1,4 @@
-"""The README's Operations, where a command does them: the slot's lifecycle (WAL kept while
+"""docs/operations.md, where a command does them: the slot's lifecycle (WAL kept while
 the daemon is down, `cdc slot drop`, the re-snapshot that follows), a table removed from the
 capture, and scaling past one slot (daemons on disjoint table sets). The least-privilege
 capture role runs the end-to-end tier of tests/test_operator_face.py; adding a table is
@@ -85,7 +85,7 @@ def test_a_table_removed_from_the_capture_gets_no_more_events(tmp_path, db, brok
     assert [k for k, _ in topic_records(broker_servers, topic_prefix, "public", "kept")] in (
         [b'{"id":1}', b'{"id":2}'], [b'{"id":2}', b'{"id":1}'])
     assert [k for k, _ in topic_records(broker_servers, topic_prefix, "public", "dropped")] == [b'{"id":1}']
-    # the publication still decodes it until its owner drops it there (the README says how)
+    # the publication still decodes it until its owner drops it there (docs/operations.md says how)
     assert db.fetchall(
         "SELECT tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1", ("p_" + topic_prefix.lower(),)
     ) == [("dropped",), ("kept",)]

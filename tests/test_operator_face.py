@@ -13,11 +13,9 @@ import json
 import os
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import uuid
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ from sinks.progress import read_progress
 from tests.support import (
     DaemonProcess,
     current_lsn,
+    png_pixels,
     slot_of,
     start_streaming,
     wait_for,
@@ -243,20 +242,6 @@ def test_metrics_of_the_daemon_and_the_sink_job_are_scraped(deployment: Deployme
     assert progress["records"] == 700 + 70 and progress["dead_letters"] == 1
 
 
-def _png_pixels(path: Path) -> tuple[int, int, bytes]:
-    """Width, height and the decompressed scanlines of a PNG (no imaging library needed)."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    chunks, i = [], 8
-    while i < len(data):
-        length, kind = struct.unpack(">I4s", data[i:i + 8])
-        if kind == b"IDAT":
-            chunks.append(data[i + 8:i + 8 + length])
-        i += 12 + length
-    return width, height, zlib.decompress(b"".join(chunks))
-
-
 def test_report_renders_in_headless_chromium(deployment: Deployment, tmp_path: Path):
     d = deployment
     page = tmp_path / "report.html"
@@ -281,7 +266,7 @@ def test_report_renders_in_headless_chromium(deployment: Deployment, tmp_path: P
     taken = subprocess.run([*headless, f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True,
                            timeout=120)
     assert taken.returncode == 0 and shot.exists(), taken.stderr[-2000:]
-    width, height, pixels = _png_pixels(shot)
+    width, height, pixels = png_pixels(shot)
     assert (width, height) == (1000, 2600)
     assert len(set(pixels)) > 100  # lines, text and colours: not a blank page
 

@@ -1,6 +1,6 @@
 """Change events: Debezium-compatible keys and envelopes, serialized once with orjson.
 
-The contract (DESIGN.md): the key is the primary key as compact canonical JSON with the
+The contract (docs/design.md): the key is the primary key as compact canonical JSON with the
 columns in key order; the value is Debezium's envelope; the position
 `(commit_lsn, change_lsn)` rides in `source.sequence`. One model serves streaming and
 snapshot reads, so every producer of events renders them identically.

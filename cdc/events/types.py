@@ -11,7 +11,7 @@ called per value on the hot path, so all dispatch happens up front and the closu
 slicing/``split`` rather than regexes or ``datetime``. NULL never reaches a converter.
 
 The mapping (Debezium's PostgreSQL connector, decimal.handling.mode=string), its special
-values and every place it differs from Debezium: the README's type table, the one copy.
+values and every place it differs from Debezium: the type table of docs/events.md, the one copy.
 """
 
 from __future__ import annotations

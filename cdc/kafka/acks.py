@@ -1,6 +1,6 @@
 """Acknowledgement bookkeeping: which source position may be confirmed, given the broker's acks.
 
-DESIGN.md's durability rule lives here and nowhere else: a commit's end LSN becomes
+docs/design.md's durability rule lives here and nowhere else: a commit's end LSN becomes
 `confirmed` only once the broker acknowledged every record sent before the commit, commits
 are confirmed in their order, and after a producer failure everything unconfirmed is
 forgotten so the caller resends from `confirmed` (duplicates are harmless, reordering is not).

@@ -4,7 +4,7 @@ Everything that reads topics (`cdc tail`, the topic read as a table, `cdc status
 state, the sinks' driver) or writes small records of its own (the sinks' progress, the
 truncate clean-up when no daemon runs) takes its client here: servers, security, and message
 sizes that fit the topics' `max.message.bytes`. The daemon's producer (cdc.kafka.producer)
-adds the ordering settings of DESIGN.md on top of the same security settings.
+adds the ordering settings of docs/design.md on top of the same security settings.
 """
 
 from __future__ import annotations

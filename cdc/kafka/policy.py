@@ -1,11 +1,11 @@
 """The topic policy: the settings cdc creates its topics with, why, what each means for a
 consumer, and which values found on a topic would lose data (each a problem with its fix).
 
-A table topic is the log every derived store is rebuilt from (DESIGN.md): compaction must
+A table topic is the log every derived store is rebuilt from (docs/design.md): compaction must
 keep the latest record of every key for good, and deletes (tombstones) long enough for every
 sink to see them. `cdc run` creates topics with `creation_configs` and warns at start about
 `problems`; `cdc topics describe` shows every setting with its meaning, `cdc topics ensure`
-repairs what a configuration change can repair. The README's topic policy table is this module.
+repairs what a configuration change can repair. The topic policy table of docs/compaction.md is this module.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Record producers behind one small interface: kafka-python (default) or confluent-kafka.
 
-Both are configured for the ordering invariant in DESIGN.md: acks=all, the idempotent
+Both are configured for the ordering invariant in docs/design.md: acks=all, the idempotent
 producer (so the client's own retries keep per-partition order), and the same partitioner.
 Both clients get the partition computed here with Kafka's murmur2 (the per-partition
 acknowledgement counts need it at send time); librdkafka is also set to `murmur2_random`,

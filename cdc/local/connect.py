@@ -32,7 +32,7 @@ from cdc.local.process import (
 
 _LOG4J2 = log4j2_properties("cdc.local.connect", {"org.apache.kafka": "warn", "org.apache.kafka.connect": "info"})
 
-#: Settings every Debezium connector started here shares: the README's type-table modes
+#: Settings every Debezium connector started here shares: the type table's modes (docs/events.md)
 #: (decimal as string, adaptive time precision, hstore as JSON), truncates sent (cdc's
 #: default), and topics created by Connect (the test broker refuses auto-creation).
 DEBEZIUM_DEFAULTS: dict[str, str] = {

@@ -147,7 +147,7 @@ def wheelhouse(folder: Path) -> Path:
 def build_argv(
     target: str, base: str = BASE_IMAGE, wheels: Path | None = None, ca_bundle: Path | None = CA_BUNDLE
 ) -> list[str]:
-    """The `podman build` of one target of docker/Dockerfile (the README quotes it)."""
+    """The `podman build` of one target of docker/Dockerfile (docs/deployment.md quotes it)."""
     argv = ["build", "--network", "host", *ULIMITS, "-f", str(DOCKERFILE), "--target", target, "-t", TARGETS[target],
             "--build-arg", f"BASE_IMAGE={base}"]
     if ca_bundle is not None:

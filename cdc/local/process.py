@@ -27,9 +27,9 @@ from cdc.machine import LOCALHOST, ServiceUnavailable, require_command
 log = logging.getLogger(__name__)
 
 #: The JIT of a short-lived JVM: C1 only. Most of a JVM's CPU in its first minutes is the
-#: optimising compiler's; a throwaway broker starts on half the CPU with C1 (8.3 -> 4.2 CPU-s,
-#: OpenSearch 11.6 -> 9.5, measured on 2 cores). C1 alone gets a 48 MB code cache, which a
-#: busy JVM fills within minutes (then it stops compiling and crawls): the tiered default back.
+#: optimising compiler's; a throwaway broker starts on about half the CPU with C1 alone, and
+#: OpenSearch on less too. C1 alone gets a 48 MB code cache, which a busy JVM fills within
+#: minutes (then it stops compiling and crawls): the tiered default back.
 QUICK_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 

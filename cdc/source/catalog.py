@@ -116,7 +116,7 @@ class Catalog:
 
     def column_facts(self, oid: int) -> dict[str, ColumnFacts]:
         """NOT NULL, default and array depth per column, as the catalog says *now*: read when
-        a Relation message arrives, so a later ALTER is seen early (see the README)."""
+        a Relation message arrives, so a later ALTER is seen early (see docs/events.md)."""
         return column_facts(self.conn, oid)
 
     def all_tables(self) -> list[tuple[int, str, str, str]]:

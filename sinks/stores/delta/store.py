@@ -495,7 +495,7 @@ def local(workdir: Path) -> tuple[Any, dict[str, str]]:
     return None, {"CDC_DELTA_PATH": str(workdir / "warehouse")}
 
 
-# delta-rs in a child: a process that read a table with it can abort at exit (ENVIRONMENT.md)
+# delta-rs in a child: a process that read a table with it can abort at interpreter exit
 _READ_CURRENT = """
 import json, os, sys
 from deltalake import DeltaTable

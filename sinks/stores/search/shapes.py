@@ -1,7 +1,7 @@
 """What a table looks like in the search index: its alias, its mapping, its documents.
 
 Pure functions of the table versions (sinks.versions), shared by the driver (index names and
-mappings) and the executors (documents). The README's search type table is this module.
+mappings) and the executors (documents). The search type table of docs/sinks/search.md is this module.
 """
 
 from __future__ import annotations
