@@ -6,7 +6,7 @@ Spark's Kafka source reads each topic partition into one Spark partition, in off
 partitions one after the other. So a key's changes of a batch meet in one Spark partition,
 in offset order, which is the key's position order: the last row of a key in arrival order
 is its last change, with no sort (sorting a large batch's partitions made the JVM spill and
-run out of heap, measured at 1,000,000 records a batch). An unchanged TOASTed value takes
+run out of heap at a million records a batch). An unchanged TOASTed value takes
 the batch's newest value of its column; what the batch lacks the store fills from the row
 it holds.
 
