@@ -24,7 +24,6 @@ import orjson
 import psycopg
 import pytest
 import redis
-import urllib3
 
 from cdc.config import load
 from cdc.local.opensearch import LocalOpenSearch
@@ -32,8 +31,8 @@ from cdc.local.postgres import LocalPostgres
 from cdc.local.redis import LocalRedis
 from cdc.naming import topic_name
 from tests.support import SINK_TIMEOUT_S, Sink, cdc_here, wait_for
-
-HTTP = urllib3.PoolManager()
+from tests.test_sink_cache import _visible
+from tests.test_sink_search import HTTP, _ok, _rows
 
 #: a table's rows as a reader finds them: id -> the values of the asked columns
 Rows = dict[int, tuple]
@@ -116,9 +115,8 @@ class CacheKit(Kit):
             yield Reach({"url": url}, url, prefix, server)
 
     def views(self, reach: Reach, table: str, columns: tuple[str, ...]) -> dict[str, Rows]:
-        client = redis.Redis.from_url(reach.where)
-        keys = list(client.scan_iter(match=f"{reach.topic(table)}:*", count=1000))
-        rows = [orjson.loads(value) for value in client.mget(keys)] if keys else []
+        rows = [row for key, row in _visible(redis.Redis.from_url(reach.where), reach.prefix).items()
+                if key.startswith(reach.topic(table) + ":")]
         return {"cache": {row["id"]: tuple(row.get(c) for c in columns) for row in rows}}
 
     def fault(self, reach: Reach, sink: Sink) -> None:  # every row the job wrote is gone
@@ -150,13 +148,6 @@ class CacheKit(Kit):
         assert not redis.Redis.from_url(reach.where).exists(f"__cdc:{reach.prefix}:sink:cache-rebuild")
 
 
-def _ok(base: str, method: str, path: str, body: Any = None) -> Any:
-    resp = HTTP.request(method, base + path, body=body if body is None or isinstance(body, str) else json.dumps(body),
-                        headers={"Content-Type": "application/x-ndjson" if path.endswith("_bulk") else "application/json"})
-    assert resp.status < 300, (method, path, resp.status, resp.data[:500])
-    return orjson.loads(resp.data)
-
-
 #: the index settings a restore gives the index again (the others are the node's own)
 _KEPT_SETTINGS = ("index.number_of_shards", "index.number_of_replicas", "index.hidden", "index.gc_deletes",
                   "index.refresh_interval")
@@ -183,10 +174,8 @@ class SearchKit(Kit):
         return alias_name(reach.topic(table))
 
     def views(self, reach: Reach, table: str, columns: tuple[str, ...]) -> dict[str, Rows]:
-        alias = self._alias(reach, table)
-        _ok(reach.where, "POST", f"/{alias}/_refresh")
-        hits = _ok(reach.where, "POST", f"/{alias}/_search", {"query": {"match_all": {}}, "size": 10000})["hits"]["hits"]
-        return {"index": {hit["_source"]["id"]: tuple(hit["_source"].get(c) for c in columns) for hit in hits}}
+        rows = _rows(reach.where, reach.topic(table)).values()
+        return {"index": {row["id"]: tuple(row.get(c) for c in columns) for row in rows}}
 
     def fault(self, reach: Reach, sink: Sink) -> None:  # back once the job found it gone
         seen = sink.log.read_text().count(f"OpenSearch at {reach.where}: ")
@@ -225,8 +214,9 @@ class SearchKit(Kit):
                 for id_, version, source in documents:
                     lines += [orjson.dumps({"index": {"_index": index, "_id": id_, "version": version,
                                                       "version_type": "external"}}), orjson.dumps(source)]
-                answer = _ok(base, "POST", "/_bulk", b"\n".join(lines).decode() + "\n")
-                assert not answer["errors"], answer["items"][:3]
+                resp = HTTP.request("POST", f"{base}/_bulk", body=b"\n".join(lines) + b"\n",
+                                    headers={"Content-Type": "application/x-ndjson"})
+                assert resp.status == 200 and not orjson.loads(resp.data)["errors"], resp.data[:500]
             _ok(base, "POST", f"/{index}/_refresh?expand_wildcards=all")
 
     @contextlib.contextmanager

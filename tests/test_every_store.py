@@ -47,10 +47,6 @@ def store(request: pytest.FixtureRequest) -> Kit:
     return kit(request.param)
 
 
-def _reach(store: Kit, request: pytest.FixtureRequest, tmp_path: Path, prefix: str, own: bool = False) -> Any:
-    return store.reach(request, tmp_path, prefix, own)
-
-
 def _config(tmp_path: Path, db: Any, servers: str, prefix: str, store: Kit, reach: Reach, **spark: Any) -> Path:
     """The sink's own config (the daemon writes cdc.toml)."""
     return write_config(tmp_path / "sink.toml", db.dsn, servers, prefix, ["public.*"],
@@ -86,7 +82,7 @@ def test_kill_9_mid_batch_and_a_fault_of_its_server_under_load_then_a_replay_fro
     store's fault (its server killed or emptied; the warehouse's job killed between two commits
     of a batch): the store equals the table, every batch applied whole once. A replay of the
     whole topic from a deleted checkpoint then changes nothing."""
-    with _reach(store, request, tmp_path, topic_prefix, own=True) as reach:
+    with store.reach(request, tmp_path, topic_prefix, own=True) as reach:
         config = _config(tmp_path, db, broker_servers, topic_prefix, store, reach, max_offsets_per_trigger=700)
         sink = Sink(config, tmp_path / "sink.log", store=store.name)
         log = acct_under_load(db, run_daemon, sink, lambda sink: store.fault(reach, sink),
@@ -149,7 +145,7 @@ def test_a_truncate_read_before_or_after_the_rows_it_removes(
     # boundary. The checkpoint's offsets files show the split.
     expected = {table: {i: (v,) for i, v in db.fetchall(f"SELECT id, v FROM public.{table}")} for table in ("old", "ins")}
     assert (len(expected["old"]), len(expected["ins"])) == (20, 5)
-    with _reach(store, request, tmp_path, topic_prefix) as reach:
+    with store.reach(request, tmp_path, topic_prefix, own=False) as reach:
         reach.extra.update(store.truncate_settings)
         Sink(_config(tmp_path, db, broker_servers, topic_prefix, store, reach, max_offsets_per_trigger=420),
              tmp_path / "sink.log", store=store.name).once()
@@ -174,7 +170,7 @@ def test_a_store_restored_from_an_old_backup_is_rebuilt_not_replayed_into(
     admin.close()
     db.execute(ACCT)
     db.execute("INSERT INTO public.acct SELECT g, 1, 'v' || g FROM generate_series(0, 29) g")
-    with _reach(store, request, tmp_path, topic_prefix) as reach:
+    with store.reach(request, tmp_path, topic_prefix, own=False) as reach:
         config = _config(tmp_path, db, servers, topic_prefix, store, reach)
         slot = slot_of(topic_prefix)
         daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
@@ -212,7 +208,7 @@ def test_columns_added_and_dropped_under_the_job(
     db.execute("CREATE TABLE public.doc (id int PRIMARY KEY, n int, gone text)")
     db.execute("INSERT INTO public.doc SELECT g, g, 'g' || g FROM generate_series(1, 20) g")
     daemon, slot = run_daemon(["public.*"])
-    with _reach(store, request, tmp_path, topic_prefix) as reach:
+    with store.reach(request, tmp_path, topic_prefix, own=False) as reach:
         sink = Sink(_config(tmp_path, db, broker_servers, topic_prefix, store, reach), tmp_path / "sink.log",
                     store=store.name)
         sink.once()
@@ -241,7 +237,7 @@ def test_a_rebuild_while_readers_and_the_live_job_go_on(
     db.execute("INSERT INTO public.acct SELECT g, 1, 'seed' FROM generate_series(1, 400) g")
     daemon, slot = run_daemon(["public.*"])
     wait_caught_up(db.dsn, slot, daemon)
-    with _reach(store, request, tmp_path, topic_prefix) as reach:
+    with store.reach(request, tmp_path, topic_prefix, own=False) as reach:
         reach.extra.update(store.rebuild_settings)
         config = _config(tmp_path, db, broker_servers, topic_prefix, store, reach)
         sink = Sink(config, tmp_path / "sink.log", store=store.name)
