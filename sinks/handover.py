@@ -43,8 +43,8 @@ LEASE_S = 5.0  # how often a holder writes its file again
 STALE_S = 60.0  # a file not written again for this long is a dead holder's
 POLL_S = 1.0  # how often the live job looks for a request between its batches
 # Writing a file again (hadoop.write_bytes) renames the new one over it, which Hadoop's local
-# file system does as a delete, then a rename: a reader finds it gone for a moment (1 look in
-# 6 while a thread writes it in a loop, measured). A lease or a request found gone is looked
+# file system does as a delete, then a rename: a reader finds it gone for a moment (often, while
+# a thread writes it in a loop). A lease or a request found gone is looked
 # at again after these before it counts as gone.
 LOOK_AGAIN_S = (0.05, 0.25)
 

@@ -587,7 +587,7 @@ class SinkJob:
 
 def release(frame: DataFrame) -> None:
     """Free the blocks of a `localCheckpoint`ed frame now: `DataFrame.unpersist` leaves them
-    until the JVM collects the plan (measured: its blocks stay cached), and a batch of a
+    until the JVM collects the plan (its blocks stay cached), and a batch of a
     million records holds hundreds of MB. Whoever still reads the frame fails
     (CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND), so only after every reader is done."""
     frame._jdf.queryExecution().analyzed().rdd().unpersist(False)

@@ -32,7 +32,7 @@ REJECTED = pa.schema([("_cdc_topic", pa.string()), ("_cdc_partition", pa.int32()
                       ("_reason", pa.string())])
 CHUNK_KEYS = 1000  # last changes per round trip: one look-up and one write each
 #: last changes packed at once: a column operation costs per call as well as per value, so a
-#: slab of many round trips' worth (measured: per chunk of 1,000 the calls cost as much as the values)
+#: slab of many round trips' worth (per chunk of 1,000 the calls cost as much as the values)
 SLAB_KEYS = 20 * CHUNK_KEYS
 
 
