@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,14 +40,14 @@ Rows = dict[int, tuple]
 
 @dataclass
 class Reach:
-    """One test's store: its `[name]` settings, where it is (a URL, a DSN, a directory), the
-    topics' prefix, and its server when the test owns one (for the fault)."""
+    """One test's store: its `[name]` settings (a scenario may add its own), where it is (a
+    URL, a DSN, a directory), the topics' prefix, and its server when the test owns one (for
+    the fault)."""
 
     section: dict[str, Any]
     where: str
     prefix: str
     server: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def topic(self, table: str) -> str:
         return topic_name(self.prefix, "public", table)

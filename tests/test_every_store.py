@@ -50,7 +50,7 @@ def store(request: pytest.FixtureRequest) -> Kit:
 def _config(tmp_path: Path, db: Any, servers: str, prefix: str, store: Kit, reach: Reach, **spark: Any) -> Path:
     """The sink's own config (the daemon writes cdc.toml)."""
     return write_config(tmp_path / "sink.toml", db.dsn, servers, prefix, ["public.*"],
-                        **{store.name: {**reach.section, **reach.extra}},
+                        **{store.name: reach.section},
                         spark={"checkpoint_dir": str(tmp_path / "checkpoints"), **spark})
 
 
@@ -146,7 +146,7 @@ def test_a_truncate_read_before_or_after_the_rows_it_removes(
     expected = {table: {i: (v,) for i, v in db.fetchall(f"SELECT id, v FROM public.{table}")} for table in ("old", "ins")}
     assert (len(expected["old"]), len(expected["ins"])) == (20, 5)
     with store.reach(request, tmp_path, topic_prefix, own=False) as reach:
-        reach.extra.update(store.truncate_settings)
+        reach.section.update(store.truncate_settings)
         Sink(_config(tmp_path, db, broker_servers, topic_prefix, store, reach, max_offsets_per_trigger=420),
              tmp_path / "sink.log", store=store.name).once()
         wrong = {}
@@ -238,7 +238,7 @@ def test_a_rebuild_while_readers_and_the_live_job_go_on(
     daemon, slot = run_daemon(["public.*"])
     wait_caught_up(db.dsn, slot, daemon)
     with store.reach(request, tmp_path, topic_prefix, own=False) as reach:
-        reach.extra.update(store.rebuild_settings)
+        reach.section.update(store.rebuild_settings)
         config = _config(tmp_path, db, broker_servers, topic_prefix, store, reach)
         sink = Sink(config, tmp_path / "sink.log", store=store.name)
         assert "0 dead letters" in sink.once()
