@@ -136,6 +136,25 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, poll: floa
         time.sleep(poll)
 
 
+def sleeps_of_this_thread(monkeypatch: Any) -> list[float]:
+    """`time.sleep` patched for the calling thread only, its sleeps recorded, not slept.
+
+    Patching the module for every thread turns each background thread's pause (a Kafka
+    client's, a leftover job's) into a busy loop, and with a recorder into a list that grows
+    by millions of entries a second: the process's memory fills in a minute."""
+    slept: list[float] = []
+    sleep, caller = time.sleep, threading.get_ident()
+
+    def recorded(seconds: float) -> None:
+        if threading.get_ident() == caller:
+            slept.append(seconds)
+        else:
+            sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", recorded)
+    return slept
+
+
 def slot_active(dsn: str, slot: str) -> bool:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()

@@ -332,6 +332,7 @@ def test_sink_metrics_count_batches_per_table_and_retries_by_reason(monkeypatch)
     from sinks.metrics import SinkMetrics
     from sinks.pipeline import Progress
     from sinks.store import StoreLost
+    from tests.support import sleeps_of_this_thread
 
     metrics = SinkMetrics("cache", Config())
     metrics.follow(lambda: 0x16B3748)
@@ -359,7 +360,7 @@ def test_sink_metrics_count_batches_per_table_and_retries_by_reason(monkeypatch)
     monkeypatch.setattr(runner, "run", run)
     monkeypatch.setattr(runner, "SinkJob", Job)
     monkeypatch.setattr(runner.checkpoints, "drop", lambda *_: None)
-    monkeypatch.setattr(runner.time, "sleep", lambda _: None)
+    sleeps_of_this_thread(monkeypatch)
     runner.keep_running(None, Config(), Store(), True, lambda: False, metrics)  # type: ignore[arg-type]
     value = metrics.registry.get_sample_value
     assert value("cdc_sink_retries_total", {"store": "cache", "reason": "failed"}) == 1

@@ -19,12 +19,12 @@ from kafka.errors import KafkaTimeoutError
 import sinks.metrics as sink_metrics
 import sinks.pipeline as pipeline
 import sinks.runner as runner
-import sinks.stores.search.opensearch as opensearch
 from cdc.config import Config
 from sinks.metrics import SinkMetrics
 from sinks.pipeline import Progress, SinkJob, drained
 from sinks.store import SinkStopped, StoreLost, StoreUnavailable
 from sinks.stores.search.opensearch import Action, Bulk, Endpoint, SearchUnavailable, scroll
+from tests.support import sleeps_of_this_thread
 
 
 class _Job:
@@ -69,7 +69,7 @@ def _retry_loop(monkeypatch: pytest.MonkeyPatch, losses: int, forget_failures: l
     monkeypatch.setattr(runner, "run", run)
     monkeypatch.setattr(runner, "SinkJob", lambda *_args: _Job(events, forget_failures))
     monkeypatch.setattr(runner.checkpoints, "drop", lambda *_: events.append("checkpoint dropped"))
-    monkeypatch.setattr(runner.time, "sleep", lambda _: None)
+    sleeps_of_this_thread(monkeypatch)
     return events
 
 
@@ -121,11 +121,24 @@ class _Pool:
 
 
 def _client(monkeypatch: pytest.MonkeyPatch, answer: Callable[[str, str], _Answer]) -> tuple[Any, _Pool, list[float]]:
-    slept: list[float] = []
-    monkeypatch.setattr(opensearch.time, "sleep", slept.append)
+    slept = sleeps_of_this_thread(monkeypatch)
     client = Endpoint("http://search.invalid:9200").client()
     client.pool = _Pool(answer)
     return client, client.pool, slept
+
+
+def test_a_test_that_records_its_sleeps_leaves_every_other_threads_pause_real(monkeypatch):
+    """A background thread of the test process (a client's, a leftover job's) still pauses while
+    a test records its own sleeps: patched for every thread, each pause was a busy loop appending
+    to the test's list, and a worker's memory filled to the OOM killer within minutes."""
+    slept = sleeps_of_this_thread(monkeypatch)
+    started = time.monotonic()
+    pauses = threading.Thread(target=lambda: [time.sleep(0.05) for _ in range(4)])
+    pauses.start()
+    time.sleep(30)
+    pauses.join()
+    assert slept == [30]
+    assert time.monotonic() - started >= 0.2
 
 
 def test_an_overloaded_opensearch_gets_the_bulk_writes_again_within_one_retry_budget(monkeypatch):
