@@ -68,6 +68,10 @@ class Kit:
     truncate_settings: ClassVar[dict[str, Any]] = {}
     #: settings the rebuild scenario adds: followers that need not share the two cores meanwhile
     rebuild_settings: ClassVar[dict[str, Any]] = {}
+    #: the environment of the streaming job under load (the fault may wait for a line it logs)
+    job_env: ClassVar[dict[str, str]] = {}
+    #: the streaming job's batch size under load: small enough that each kill lands mid-batch
+    load_max_offsets = 700
 
     def reach(self, request: pytest.FixtureRequest, tmp_path: Path, prefix: str, own: bool) -> contextlib.AbstractContextManager[Reach]:
         """The store for one test: the session's server, or (`own`) one of the test's, which
@@ -335,6 +339,8 @@ class DeltaKit(Kit):
     #: removes fall into different history batches, as they do into the job's
     truncate_settings: ClassVar[dict[str, Any]] = {"history_batch_bytes": 1}
     rebuild_settings: ClassVar[dict[str, Any]] = {"history_interval_s": 3600}  # `--once` runs bring history/ along
+    job_env: ClassVar[dict[str, str]] = {"CDC_DAEMON_LOG_LEVEL": "DEBUG"}  # the fault waits for BETWEEN_COMMITS
+    load_max_offsets = 2100  # a batch takes seconds whatever its size: fewer of them drain the load
 
     @contextlib.contextmanager
     def reach(self, request: pytest.FixtureRequest, tmp_path: Path, prefix: str, own: bool) -> Iterator[Reach]:
@@ -353,8 +359,9 @@ class DeltaKit(Kit):
     def fault(self, reach: Reach, sink: Sink) -> None:
         """The warehouse has no server to lose: the job is killed -9 between two commits of one
         batch (its `current` MERGE and its change log's append), then streams again."""
+        seen = sink.log.read_text().count(BETWEEN_COMMITS)
+        wait_for(lambda: sink.log.read_text().count(BETWEEN_COMMITS) > seen, SINK_TIMEOUT_S, BETWEEN_COMMITS, poll=0.05)
         sink.kill9()
-        sink.kill9_after((BETWEEN_COMMITS,))
         sink.start()
 
     def faulted(self, reach: Reach, log: str) -> bool:

@@ -375,8 +375,9 @@ def cdc_here(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 class Sink:
     """`cdc sink <store>` for one test's config: `--once` runs, or a streaming process."""
 
-    def __init__(self, config: Path, log: Path, store: str = "delta") -> None:
+    def __init__(self, config: Path, log: Path, store: str = "delta", env: dict[str, str] | None = None) -> None:
         self.config, self.log, self.store = config, log, store
+        self.env = env or {}  # for every streaming start
         self.proc: subprocess.Popen | None = None
 
     def once(self, exit_code: int = 0, env: dict[str, str] | None = None, process: bool = False) -> str:
@@ -401,7 +402,7 @@ class Sink:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cdc", "sink", self.store, "--config", str(self.config)],
             stdout=self._out, stderr=subprocess.STDOUT, cwd=self.config.parent, start_new_session=True,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **self.env, **(env or {})},
         )
 
     def stop(self, timeout: float = 300) -> int:

@@ -83,8 +83,9 @@ def test_kill_9_mid_batch_and_a_fault_of_its_server_under_load_then_a_replay_fro
     of a batch): the store equals the table, every batch applied whole once. A replay of the
     whole topic from a deleted checkpoint then changes nothing."""
     with store.reach(request, tmp_path, topic_prefix, own=True) as reach:
-        config = _config(tmp_path, db, broker_servers, topic_prefix, store, reach, max_offsets_per_trigger=700)
-        sink = Sink(config, tmp_path / "sink.log", store=store.name)
+        config = _config(tmp_path, db, broker_servers, topic_prefix, store, reach,
+                         max_offsets_per_trigger=store.load_max_offsets)
+        sink = Sink(config, tmp_path / "sink.log", store=store.name, env=store.job_env)
         log = acct_under_load(db, run_daemon, sink, lambda sink: store.fault(reach, sink),
                               lambda: next(iter(store.views(reach, "acct", ("version", "note")).values())))
         assert store.faulted(reach, log), log[-3000:]
