@@ -197,6 +197,20 @@ def test_the_readme_is_short() -> None:
     assert lines < 250, f"README.md has {lines} lines: move the detail to a page of docs/"
 
 
+def test_ci_runs_the_test_command_the_readme_gives() -> None:
+    """CI runs what a developer is told to run: the README's test command, with only the
+    report options (the slowest tests, the JUnit file) added."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"&& (python -m pytest [^#\n]*?)\s+# the tests", readme)
+    assert command, "README.md has no `... && python -m pytest ...   # the tests` line"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    run_tests = ci.split("run_tests() {", 1)[1].split("\n}", 1)[0].replace("\\\n", " ")
+    ran = re.search(r"python -m pytest ([^|]*?)\|\|", run_tests)
+    assert ran, ".ci/run's run_tests calls no `python -m pytest`"
+    options = [o for o in ran.group(1).split() if not o.startswith(("--durations", "--junitxml", '"$'))]
+    assert " ".join(["python -m pytest", *options]) == command.group(1).strip()
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site as CI builds it: strict, so a broken link or a page left out of the nav fails."""

@@ -90,6 +90,10 @@ class LocalKafka(ServerProcess):
         "transaction.state.log.min.isr": "1",
         "share.coordinator.state.topic.replication.factor": "1",
         "group.initial.rebalance.delay.ms": "0",
+        # a broker killed -9 and started again is refused as a duplicate until its old
+        # incarnation's session ends: 9 s by default, which each restart of a test waits out
+        "broker.session.timeout.ms": "4000",
+        "broker.heartbeat.interval.ms": "1000",
         "log.cleaner.enable": "true",
         "auto.create.topics.enable": "false",  # a produce to a topic cdc did not create is a bug
     }
