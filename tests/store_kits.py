@@ -359,9 +359,7 @@ class DeltaKit(Kit):
     def fault(self, reach: Reach, sink: Sink) -> None:
         """The warehouse has no server to lose: the job is killed -9 between two commits of one
         batch (its `current` MERGE and its change log's append), then streams again."""
-        seen = sink.log.read_text().count(BETWEEN_COMMITS)
-        wait_for(lambda: sink.log.read_text().count(BETWEEN_COMMITS) > seen, SINK_TIMEOUT_S, BETWEEN_COMMITS, poll=0.05)
-        sink.kill9()
+        sink.kill9_at(BETWEEN_COMMITS)
         sink.start()
 
     def faulted(self, reach: Reach, log: str) -> bool:

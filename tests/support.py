@@ -450,10 +450,13 @@ class Sink:
         for line in lines:
             self.start(env={"CDC_DAEMON_LOG_LEVEL": "DEBUG"})
             self.next_batch()
-            seen = self.log.read_text().count(line)
-            wait_for(lambda line=line, seen=seen: self.log.read_text().count(line) > seen, SINK_TIMEOUT_S, line,
-                     poll=0.05)
-            self.kill9()
+            self.kill9_at(line)
+
+    def kill9_at(self, line: str) -> None:
+        """kill -9 the running job (logging at DEBUG) as soon as its log has one more `line`."""
+        seen = self.log.read_text().count(line)
+        wait_for(lambda: self.log.read_text().count(line) > seen, SINK_TIMEOUT_S, line, poll=0.05)
+        self.kill9()
 
 
 def rebuild_while_streaming(
