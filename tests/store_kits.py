@@ -30,7 +30,7 @@ from cdc.local.opensearch import LocalOpenSearch
 from cdc.local.postgres import LocalPostgres
 from cdc.local.redis import LocalRedis
 from cdc.naming import topic_name
-from tests.support import SINK_TIMEOUT_S, Sink, cdc_here, wait_for
+from tests.support import DEBUG_LOG, SINK_TIMEOUT_S, Sink, cdc_here, wait_for
 from tests.test_sink_cache import _visible
 from tests.test_sink_search import HTTP, _ok, _rows
 
@@ -339,7 +339,7 @@ class DeltaKit(Kit):
     #: removes fall into different history batches, as they do into the job's
     truncate_settings: ClassVar[dict[str, Any]] = {"history_batch_bytes": 1}
     rebuild_settings: ClassVar[dict[str, Any]] = {"history_interval_s": 3600}  # `--once` runs bring history/ along
-    job_env: ClassVar[dict[str, str]] = {"CDC_DAEMON_LOG_LEVEL": "DEBUG"}  # the fault waits for BETWEEN_COMMITS
+    job_env: ClassVar[dict[str, str]] = DEBUG_LOG  # the fault waits for BETWEEN_COMMITS
     load_max_offsets = 2100  # a batch takes seconds whatever its size: fewer of them drain the load
 
     @contextlib.contextmanager

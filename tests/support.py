@@ -36,6 +36,10 @@ SOURCE_KEYS = [
 ]
 
 
+#: the environment of a `cdc sink` process that logs each step of a batch (its DEBUG lines)
+DEBUG_LOG = {"CDC_DAEMON_LOG_LEVEL": "DEBUG"}
+
+
 def slot_of(prefix: str) -> str:
     """The slot `write_config` gives a test with this topic prefix."""
     return "s_" + prefix.lower()
@@ -141,7 +145,7 @@ def sleeps_of_this_thread(monkeypatch: Any) -> list[float]:
 
     Patching the module for every thread turns each background thread's pause (a Kafka
     client's, a leftover job's) into a busy loop, and with a recorder into a list that grows
-    by millions of entries a second: the process's memory fills in a minute."""
+    for as long as the test runs: enough to fill a test worker's memory."""
     slept: list[float] = []
     sleep, caller = time.sleep, threading.get_ident()
 
@@ -448,7 +452,7 @@ class Sink:
         when it is done (`sinks.stores.delta.store: public.acct: current`: between the `current` MERGE and the
         change log's append), so the kill lands between two of the batch's commits."""
         for line in lines:
-            self.start(env={"CDC_DAEMON_LOG_LEVEL": "DEBUG"})
+            self.start(env=DEBUG_LOG)
             self.next_batch()
             self.kill9_at(line)
 
