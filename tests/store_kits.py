@@ -32,6 +32,7 @@ from cdc.local.redis import LocalRedis
 from cdc.naming import topic_name
 from tests.support import DEBUG_LOG, SINK_TIMEOUT_S, Sink, cdc_here, wait_for
 from tests.test_sink_cache import _visible
+from tests.test_sink_delta import STEPS
 from tests.test_sink_search import HTTP, _ok, _rows
 
 #: a table's rows as a reader finds them: id -> the values of the asked columns
@@ -82,8 +83,14 @@ class Kit:
         """Every place a reader finds `public.<table>`'s rows, by the place's name."""
         raise NotImplementedError
 
+    def kill_mid_batches(self, sink: Sink) -> None:
+        """Three kills -9 of the streaming job, each in the middle of a batch: a moment into the
+        batch after one it completed (a batch takes a fraction of a second)."""
+        sink.kill9_mid_batches((0.5, 1.0, 2.0))
+
     def fault(self, reach: Reach, sink: Sink) -> None:
-        """Its server's fault, while `sink` streams; the job must ride it out."""
+        """Its server's fault, while `sink` streams (after the batch the fault needs first); the
+        job must ride it out."""
         raise NotImplementedError
 
     def faulted(self, reach: Reach, log: str) -> bool:
@@ -124,6 +131,7 @@ class CacheKit(Kit):
         return {"cache": {row["id"]: tuple(row.get(c) for c in columns) for row in rows}}
 
     def fault(self, reach: Reach, sink: Sink) -> None:  # every row the job wrote is gone
+        sink.next_batch()
         reach.server.restart()
         wait_for(lambda: "rebuilding it from the topics" in sink.log.read_text(), SINK_TIMEOUT_S, "the job to rebuild")
 
@@ -182,6 +190,7 @@ class SearchKit(Kit):
         return {"index": {row["id"]: tuple(row.get(c) for c in columns) for row in rows}}
 
     def fault(self, reach: Reach, sink: Sink) -> None:  # back once the job found it gone
+        sink.next_batch()
         seen = sink.log.read_text().count(f"OpenSearch at {reach.where}: ")
         reach.server.kill9()
         wait_for(lambda: sink.log.read_text().count(f"OpenSearch at {reach.where}: ") > seen, SINK_TIMEOUT_S,
@@ -273,6 +282,7 @@ class PostgresKit(Kit):
     def fault(self, reach: Reach, sink: Sink) -> None:
         """Killed -9 (the postmaster and every backend, its process group) for 10 s: batches
         meet a refused connection, and are retried, not lost."""
+        sink.next_batch()
         server = reach.server
         pid = int((server.data_dir / "postmaster.pid").read_text().split()[0])
         os.killpg(os.getpgid(pid), signal.SIGKILL)
@@ -321,9 +331,8 @@ sys.stdout.flush()
 os._exit(0)
 """
 
-#: the step of a batch after which the warehouse's fault kills the job: between the `current`
-#: MERGE and the change log's append, two commits of one batch
-BETWEEN_COMMITS = "DEBUG sinks.stores.delta.store: public.acct: current "
+#: the warehouse's fault kills the job there: between two commits of one batch
+BETWEEN_COMMITS = STEPS["current"]
 
 
 class DeltaKit(Kit):
@@ -356,9 +365,17 @@ class DeltaKit(Kit):
             out[kind] = {r[0]: tuple(r[1:]) for r in json.loads(done.stdout)}
         return out
 
+    def kill_mid_batches(self, sink: Sink) -> None:
+        """A warehouse batch takes seconds, a fresh job's first the most: each run is killed -9
+        in its first batch, after another step (decoded; the change log appended; a history
+        MERGE, which reads what the run before appended)."""
+        for step in ("decoded", "changes", "history"):
+            sink.start()
+            sink.kill9_at(STEPS[step])
+
     def fault(self, reach: Reach, sink: Sink) -> None:
-        """The warehouse has no server to lose: the job is killed -9 between two commits of one
-        batch (its `current` MERGE and its change log's append), then streams again."""
+        """The warehouse has no server to lose: the job is killed -9 between two commits of its
+        first batch (its `current` MERGE and its change log's append), then streams again."""
         sink.kill9_at(BETWEEN_COMMITS)
         sink.start()
 

@@ -1,5 +1,5 @@
-"""The one suite every registered store passes, by the same code: kill -9 mid-batch and a fault
-of its server under load, then a replay from a deleted checkpoint; a truncate read before or
+"""The one suite every registered store passes, by the same code: kill -9 mid-batch under load;
+a fault of its server under load, then a replay from a deleted checkpoint; a truncate read before or
 after the rows it removes; a store restored from an old backup; columns added and dropped;
 a rebuild while readers and the live job go on. The store's own parts come from its kit
 (tests/store_kits.py); `cdc verify`'s tampered stores are in tests/test_verify.py, over the
@@ -11,6 +11,7 @@ Real PostgreSQL, Kafka, Spark and each store's server.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,21 +75,44 @@ def _acct(db: Any) -> dict[int, tuple]:
     return {i: tuple(row) for i, row in acct_rows(db).items()}
 
 
-def test_kill_9_mid_batch_and_a_fault_of_its_server_under_load_then_a_replay_from_a_deleted_checkpoint(
+def _under_load(store: Kit, reach: Reach, tmp_path: Path, db: Any, servers: str, prefix: str, run_daemon: Any,
+                meanwhile: Callable[[Sink], None]) -> Sink:
+    """`acct_under_load` with the store's job (its batch size and environment under load)."""
+    config = _config(tmp_path, db, servers, prefix, store, reach, max_offsets_per_trigger=store.load_max_offsets)
+    sink = Sink(config, tmp_path / "sink.log", store=store.name, env=store.job_env)
+    acct_under_load(db, run_daemon, sink, meanwhile,
+                    lambda: next(iter(store.views(reach, "acct", ("version", "note")).values())))
+    return sink
+
+
+def test_kill_9_mid_batch_three_times_under_load(
     store: Kit, request: pytest.FixtureRequest, tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str,
     run_daemon: Any,
 ) -> None:
-    """Writers keep writing while the job is killed -9 mid-batch three times, then meets its
-    store's fault (its server killed or emptied; the warehouse's job killed between two commits
-    of a batch): the store equals the table, every batch applied whole once. A replay of the
-    whole topic from a deleted checkpoint then changes nothing."""
+    """Writers keep writing while the job is killed -9 mid-batch three times: the store equals
+    the table, every batch applied whole once, in every place a reader finds it."""
+    with store.reach(request, tmp_path, topic_prefix, own=False) as reach:
+        _under_load(store, reach, tmp_path, db, broker_servers, topic_prefix, run_daemon, store.kill_mid_batches)
+        assert _wrong(store, reach, "acct", ("version", "note"), _acct(db)) == {}
+
+
+def test_a_fault_of_its_server_under_load_then_a_replay_from_a_deleted_checkpoint(
+    store: Kit, request: pytest.FixtureRequest, tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str,
+    run_daemon: Any,
+) -> None:
+    """Writers keep writing while the streaming job meets its store's fault (its server killed
+    or emptied; the warehouse's job killed between two commits of a batch): the job rides it
+    out and the store equals the table. A replay of the whole topic from a deleted checkpoint
+    then changes nothing."""
+
+    def through_the_fault(sink: Sink) -> None:
+        sink.start()
+        store.fault(reach, sink)
+        sink.next_batch("a batch after the fault")
+
     with store.reach(request, tmp_path, topic_prefix, own=True) as reach:
-        config = _config(tmp_path, db, broker_servers, topic_prefix, store, reach,
-                         max_offsets_per_trigger=store.load_max_offsets)
-        sink = Sink(config, tmp_path / "sink.log", store=store.name, env=store.job_env)
-        log = acct_under_load(db, run_daemon, sink, lambda sink: store.fault(reach, sink),
-                              lambda: next(iter(store.views(reach, "acct", ("version", "note")).values())))
-        assert store.faulted(reach, log), log[-3000:]
+        sink = _under_load(store, reach, tmp_path, db, broker_servers, topic_prefix, run_daemon, through_the_fault)
+        assert store.faulted(reach, sink.log.read_text()), sink.log.read_text()[-3000:]
         shutil.rmtree(tmp_path / "checkpoints")
         assert "0 dead letters" in sink.once(env={"CDC_SPARK_MAX_OFFSETS_PER_TRIGGER": "1000000"})
         assert _wrong(store, reach, "acct", ("version", "note"), _acct(db)) == {}

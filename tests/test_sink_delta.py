@@ -472,13 +472,20 @@ def _check_exactly_once(spark: SparkSession, warehouse: Path, db: Any, servers: 
     assert dict(tuple(r) for r in current) == {k: v[0] for k, v in source.items()}
 
 
-# between a batch's commits: the change log committed, not the checkpoint; a history MERGE
-# committed, not its query's checkpoint (`current` committed, not the change log, is the
-# warehouse's fault in tests/test_every_store.py, under load)
-KILL_POINTS = {
+#: steps of a warehouse batch that its job logs at DEBUG (`public.acct`'s), each once it is done:
+#: decoded (nothing written yet); `current` MERGEd (its commit made, the change log's not);
+#: the change log appended (the job's checkpoint not committed); a history MERGE (its query's
+#: checkpoint not committed)
+STEPS = {
+    "decoded": ".public.acct: decoded in ",  # after the topic's prefix
+    "current": "DEBUG sinks.stores.delta.store: public.acct: current ",
     "changes": "DEBUG sinks.stores.delta.store: changes: ",
     "history": "DEBUG sinks.stores.delta.store: public.acct: history ",
 }
+# between a batch's commits: the change log committed, not the checkpoint; a history MERGE
+# committed, not its query's checkpoint, each after a completed batch (tests/test_every_store.py
+# kills a job in its first batch after these steps and after `current`, under load)
+KILL_POINTS = {step: STEPS[step] for step in ("changes", "history")}
 
 
 @pytest.mark.parametrize("after", list(KILL_POINTS))
