@@ -110,3 +110,24 @@ def test_a_delete_retention_shorter_than_a_sinks_lag_is_a_problem() -> None:
     assert problems("p.public.t", "table", settings, 1, config, longest_lag_ms=10 * DAY_MS)[0].repair == (
         "delete.retention.ms", str(20 * DAY_MS),
     )
+
+
+def test_a_wide_schemas_topics_are_created_together_each_with_the_policy(broker_servers, topic_prefix) -> None:
+    """More topics than one CreateTopics request carries: each one made compacted, with the
+    configured partitions; one made by someone else first keeps its own; a create that loses
+    the race to another process (the broker says the topic exists) is no error."""
+    from cdc.kafka.topics import CREATE_AT_ONCE, TopicAdmin
+
+    names = [topic_name(topic_prefix, "public", f"t{i}") for i in range(CREATE_AT_ONCE + 20)]
+    other = KafkaAdminClient(bootstrap_servers=broker_servers)
+    other.create_topics([NewTopic(names[7], 2, 1, topic_configs={"cleanup.policy": "compact"})])
+    other.close()
+    admin = TopicAdmin(TopicConfig(bootstrap_servers=broker_servers, prefix=topic_prefix, partitions=1))
+    try:
+        infos = admin.ensure(names)
+        assert sorted(infos) == sorted(names)
+        assert {(i.partitions, i.cleanup_policy) for n, i in infos.items() if n != names[7]} == {(1, "compact")}
+        assert infos[names[7]].partitions == 2
+        admin._create(names[:3], 1, log_only=False, retention_ms=-1)
+    finally:
+        admin.close()
