@@ -105,11 +105,6 @@ class DaemonProcess:
         self.proc.send_signal(signal.SIGTERM)
         return self.wait(timeout)
 
-    @property
-    def streaming(self) -> bool:
-        """A streaming process was started and is still running."""
-        return self.proc is not None and self.proc.poll() is None
-
     def kill9(self) -> None:
         assert self.proc is not None
         self.proc.kill()

@@ -194,7 +194,6 @@ class TopicAdmin:
     def _ensure(
         self, names: list[str], partitions: int, log_only: bool = False, retention_ms: int = -1
     ) -> dict[str, TopicInfo]:
-
         infos = self.describe(names)
         for info in infos.values():
             if not log_only and "compact" not in info.cleanup_policy.split(","):
@@ -234,7 +233,7 @@ class TopicAdmin:
             error = for_code(topic["error_code"])
             if topic["error_code"] == 0:
                 log.info("created topic %s (%d partitions, %s)", topic["name"], partitions, kept)
-            elif error is not TopicAlreadyExistsError:  # another process won the race: check what it made
+            elif error is not TopicAlreadyExistsError:  # (that one: another process won the race; described next)
                 reason = f"{error.__name__}: {topic['error_message']}" if topic.get("error_message") else error.__name__
                 raise TopicError(
                     f"the broker refused to create topic {topic['name']} ({reason}): fix [topic] "
