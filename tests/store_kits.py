@@ -348,7 +348,7 @@ class DeltaKit(Kit):
     #: removes fall into different history batches, as they do into the job's
     truncate_settings: ClassVar[dict[str, Any]] = {"history_batch_bytes": 1}
     rebuild_settings: ClassVar[dict[str, Any]] = {"history_interval_s": 3600}  # `--once` runs bring history/ along
-    job_env: ClassVar[dict[str, str]] = DEBUG_LOG  # the fault waits for BETWEEN_COMMITS
+    job_env: ClassVar[dict[str, str]] = DEBUG_LOG  # its kills and its fault wait for STEPS it logs
     load_max_offsets = 2100  # a batch takes seconds whatever its size: fewer of them drain the load
 
     @contextlib.contextmanager
