@@ -385,11 +385,13 @@ def topics_ensure(config: Config) -> None:
 
     admin = TopicAdmin(config.topic)
     try:
-        done, left = ensure(config, admin)
+        done, left, advice = ensure(config, admin)
     finally:
         admin.close()
     for line in done:
         click.echo(f"set {line}")
+    for line in advice:
+        click.echo(f"advice: {line}")
     click.echo(f"topics ensure: {len(done)} settings changed")
     if left:
         _fail(f"{len(left)} problems a settings change cannot repair: " + " | ".join(p.line() for p in left))

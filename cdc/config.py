@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from cdc.naming import parse_table_pattern, split_list, validate_prefix
+from cdc.naming import TablePattern, parse_table_pattern, split_list, validate_prefix
 
 
 class ConfigError(ValueError):
@@ -55,13 +55,15 @@ def opt(
     upper: bool = False,
     check: Check | None = None,
     invalid: str | None = None,
+    sample: Any = None,
 ) -> Any:
     """One setting of the table. `optional`: an empty string means "not set". `upper`: the
     value is case-insensitive and kept upper case. `invalid`: the message for a value not in
-    `choices` (`{where}`, `{value}`, `{choices}`). Ints default to at most INT32_MAX."""
+    `choices` (`{where}`, `{value}`, `{choices}`). `sample`: the value an error shows as an
+    example where the default is none (an empty list). Ints default to at most INT32_MAX."""
     meta = {
         "help": help, "choices": tuple(choices), "low": low, "high": high, "secret": secret,
-        "optional": optional, "upper": upper, "check": check, "invalid": invalid,
+        "optional": optional, "upper": upper, "check": check, "invalid": invalid, "sample": sample,
     }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
@@ -94,6 +96,27 @@ def _check_tables(where: str, value: list[str]) -> None:
             parse_table_pattern(pattern)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def table_partitions(where: str, value: list[str]) -> list[tuple[TablePattern, int]]:
+    """`[topic] table_partitions`: each `schema.table=count` entry as (pattern, count)."""
+    parsed = []
+    for entry in value:
+        text, equals, count = entry.rpartition("=")
+        if not equals or not count.strip().isdigit() or not 1 <= int(count) <= INT32_MAX:
+            raise ConfigError(
+                f"{where} has {entry!r}, which is not schema.table=count with a count of at least 1: "
+                'write each entry as "schema.table=count" or "schema.*=count", e.g. ["public.orders=6"]'
+            )
+        try:
+            parsed.append((parse_table_pattern(text), int(count)))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return parsed
+
+
+def _check_table_partitions(where: str, value: list[str]) -> None:
+    table_partitions(where, value)
 
 
 def _check_pg_name(where: str, value: str) -> None:
@@ -239,7 +262,18 @@ class TopicConfig:
         "127.0.0.1:9092", "Kafka bootstrap servers, `host:port`, comma-separated", check=_check_servers
     )
     prefix: str = opt("cdc", "topics are `<prefix>.<schema>.<table>`; also `source.name`", check=_check_prefix)
-    partitions: int = opt(3, "partition count of topics cdc creates (existing topics keep theirs)", low=1)
+    partitions: int = opt(
+        1,
+        "partition count of the table topics cdc creates (existing topics keep theirs); one suits most tables, "
+        "as Debezium's default does (see Choosing partitions)",
+        low=1,
+    )
+    table_partitions: list[str] = opt(
+        [],
+        "`schema.table=count` (or `schema.*=count`) for busy tables: their new topics get `count` partitions "
+        "(the first entry that matches wins)",
+        check=_check_table_partitions, sample=["public.orders=6"],
+    )
     replication_factor: int = opt(1, "replication factor of created topics", low=1, high=32767)
     min_insync_replicas: int = opt(
         1, "`min.insync.replicas` of created topics (cdc always produces with `acks=all`)", low=1, high=32767
@@ -287,6 +321,13 @@ class TopicConfig:
                           check=_check_file)
     ssl_certfile: str = opt("", "with an `SSL` protocol: client certificate (PEM)", optional=True, check=_check_file)
     ssl_keyfile: str = opt("", "with an `SSL` protocol: client key (PEM)", optional=True, check=_check_file)
+
+    def partitions_of(self, schema: str, table: str) -> int:
+        """The partition count a new topic of the table gets."""
+        for pattern, count in table_partitions("[topic] table_partitions", self.table_partitions):
+            if pattern.matches(schema, table):
+                return count
+        return self.partitions
 
 
 @dataclass
@@ -489,6 +530,7 @@ class Setting:
     upper: bool
     check: Check | None
     invalid: str | None
+    sample: Any
 
     @property
     def env(self) -> str:
@@ -505,7 +547,7 @@ class Setting:
 
     def example(self, from_env: bool) -> str:
         """`key = <default>` (or `CDC_SECTION_KEY=<default>`): what a valid setting looks like."""
-        default = self.default
+        default = self.default if self.sample is None else self.sample
         if isinstance(default, bool):
             text = "true" if default else "false"
         elif from_env:

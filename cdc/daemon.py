@@ -179,8 +179,14 @@ class Daemon:
         cfg = self.config
         with _refused(TopicError):
             self.admin = TopicAdmin(cfg.topic)
-            topics = [topic_name(cfg.topic.prefix, t.schema, t.table) for t in self.tables]
-            infos = self.admin.ensure(topics)
+            by_count: dict[int, list[str]] = {}  # [topic] partitions, or the table's table_partitions entry
+            for t in self.tables:
+                by_count.setdefault(cfg.topic.partitions_of(t.schema, t.table), []).append(
+                    topic_name(cfg.topic.prefix, t.schema, t.table)
+                )
+            infos = {}
+            for count, topics in sorted(by_count.items()):
+                infos.update(self.admin.ensure(topics, count))
             internal = [state_topic(cfg.topic.prefix), schemas_topic(cfg.topic.prefix), heartbeat_topic(cfg.topic.prefix)]
             infos.update(self.admin.ensure(internal, partitions=1))
             if cfg.daemon.metrics_interval_s:

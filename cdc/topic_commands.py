@@ -14,6 +14,7 @@ holding the slot's lock when no daemon runs (none can start meanwhile).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,14 @@ from cdc.kafka.policy import (
 )
 from cdc.kafka.topics import TopicAdmin, TopicInfo
 
+#: a table topic whose busiest partition took more records a second than this over the last
+#: hour gets advice: a consumer that reads each partition with one task (a Kafka Connect sink)
+#: applies a few thousand changes a second at best
+BUSY_PARTITION_RATE = 1000.0
+RATE_WINDOW_S = 3600.0
+#: a burst shorter than this counts as spread over this long
+RATE_MIN_SPAN_S = 60.0
+
 
 @dataclass
 class TopicReport:
@@ -36,6 +45,20 @@ class TopicReport:
     kind: str
     policy: dict[str, str]  # what cdc creates a topic of this kind with
     problems: list[Problem] = field(default_factory=list)
+    rate: float | None = None  # a table topic's busiest partition, records/s over RATE_WINDOW_S
+
+    @property
+    def advice(self) -> str | None:
+        """For a busy table topic, the partition count it would gain from and how to get it."""
+        if self.rate is None or self.rate <= BUSY_PARTITION_RATE:
+            return None
+        wanted = max(self.info.partitions + 1, math.ceil(self.rate * self.info.partitions / BUSY_PARTITION_RATE))
+        return (
+            f"its busiest partition took {self.rate:,.0f} records/s over the last hour, more than a consumer "
+            f"reading it with one task (a Kafka Connect sink) applies: give the table {wanted} partitions in a new "
+            f'topic ([topic] table_partitions = ["<schema.table>={wanted}"], see Choosing partitions); adding '
+            "partitions to this one would move keys between partitions and break their order"
+        )
 
     def as_json(self) -> dict[str, Any]:
         info = self.info
@@ -49,6 +72,8 @@ class TopicReport:
                 }
                 for s in SETTINGS
             },
+            "records_per_s_busiest_partition": self.rate,
+            "advice": self.advice,
             "problems": [
                 {"setting": p.setting, "found": p.found, "why": p.why, "fix": p.fix, "loses_data": p.loses_data}
                 for p in self.problems
@@ -133,12 +158,14 @@ def reports(config: Config, admin: TopicAdmin) -> list[TopicReport]:
     prefix = config.topic.prefix
     infos = admin.describe(admin.topics_with_prefix(prefix))
     kinds = {name: kind_of(prefix, name) for name in infos}
-    lag = longest_sink_lag(config, {n: infos[n].partitions for n, k in kinds.items() if k == "table"})
+    tables = [n for n, k in kinds.items() if k == "table"]
+    lag = longest_sink_lag(config, {n: infos[n].partitions for n in tables})
+    rates = admin.write_rates(tables, RATE_WINDOW_S, RATE_MIN_SPAN_S)
     out = []
     for name, info in sorted(infos.items()):
         kind = kinds[name]
         found = problems(name, kind, info.configs, info.replication_factor, config.topic, lag)
-        out.append(TopicReport(info, kind, creation_configs(config.topic, kind), found))
+        out.append(TopicReport(info, kind, creation_configs(config.topic, kind), found, rates.get(name)))
     return out
 
 
@@ -160,18 +187,29 @@ def render(found: list[TopicReport]) -> str:
             origin = " [broker default]" if setting.name in info.defaults else ""
             lines.append(f"  {setting.name:<31}{value}{origin}{note}")
             lines.append(f"  {'':<31}{MEANINGS[setting.name]}")
+        if report.rate is not None:
+            lines.append(f"  {'busiest partition':<31}{report.rate:,.1f} records/s over the last hour")
         for problem in report.problems:
             lines.append(f"  problem{' (loses data)' if problem.loses_data else ''}: {problem.setting}={problem.found}: "
                          f"{problem.why}; {problem.fix}")
+        if report.advice is not None:
+            lines.append(f"  advice: partitions={info.partitions}: {report.advice}")
     count = sum(len(r.problems) for r in found)
-    lines.append(f"{len(found)} topics, {count} problems" + ("" if count else " (cdc topics ensure has nothing to repair)"))
+    busy = sum(1 for r in found if r.advice is not None)
+    lines.append(
+        f"{len(found)} topics, {count} problems" + ("" if count else " (cdc topics ensure has nothing to repair)")
+        + (f", {busy} {'table' if busy == 1 else 'tables'} busy enough to gain from more partitions" if busy else "")
+    )
     return "\n".join(lines)
 
 
-def ensure(config: Config, admin: TopicAdmin) -> tuple[list[str], list[Problem]]:
-    """Repair what a settings change can: (what was changed, one line each; what is left)."""
-    done, left = [], []
+def ensure(config: Config, admin: TopicAdmin) -> tuple[list[str], list[Problem], list[str]]:
+    """Repair what a settings change can: (what was changed, one line each; what is left;
+    advice for busy tables, which only a new topic can follow)."""
+    done, left, advice = [], [], []
     for report in reports(config, admin):
+        if report.advice is not None:
+            advice.append(f"{report.info.name}: {report.advice}")
         info, changes = report.info, {}
         for name, value in report.policy.items():
             if name in info.defaults and info.configs.get(name) != value:
@@ -184,4 +222,4 @@ def ensure(config: Config, admin: TopicAdmin) -> tuple[list[str], list[Problem]]
         if changes:
             admin.alter(info.name, changes)
             done += [f"{info.name}: {k}={v} (was {info.configs.get(k, '-')})" for k, v in sorted(changes.items())]
-    return done, left
+    return done, left, advice

@@ -12,6 +12,7 @@ markers ("last_in_data_collection", "last") land on rows that really are last.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import logging
@@ -31,7 +32,7 @@ from cdc.events.changes import ChangeRenderer
 from cdc.events.records import TableEvents
 from cdc.events.shapes import version_record
 from cdc.kafka.acks import Acks
-from cdc.kafka.producer import make_producer
+from cdc.kafka.producer import Producer, make_producer
 from cdc.naming import qualified, quote_literal, topic_name
 from cdc.redact import setup_logging
 from cdc.source.catalog import CapturedTable, Catalog
@@ -79,12 +80,58 @@ class SnapshotStopped(Exception):
 _progress_queue: multiprocessing.Queue | None = None
 
 
-def _init_worker(queue: multiprocessing.Queue, parent: int, log_level: str, secrets: list[str]) -> None:
+@dataclass
+class _Reader:
+    """What a reader process keeps from its first range to its last: one connection inside
+    the exported snapshot (one transaction, every COPY in it), the catalog, one producer for
+    every captured topic and each table's renderer. Opened per range, they cost more than
+    reading a small table: a wide schema is mostly small tables."""
+
+    config: Config
+    snapshot_name: str
+    partitions: dict[str, int]
+    opened: tuple[Catalog, psycopg.Connection, Producer] | None = None
+    events: dict[str, TableEvents] = field(default_factory=dict)
+
+    def open(self) -> tuple[Catalog, psycopg.Connection, Producer]:
+        if self.opened is None:
+            catalog = Catalog(self.config.source.dsn)
+            try:
+                conn = import_snapshot(self.config.source.dsn, self.snapshot_name, "cdc-snapshot")
+            except BaseException:
+                catalog.close()
+                raise
+            self.opened = catalog, conn, make_producer(self.config.topic, self.partitions)
+        return self.opened
+
+    def table_events(self, table: SnapshotTable) -> TableEvents:
+        found = self.events.get(table.display)
+        if found is None:
+            catalog = self.open()[0]
+            found = self.events[table.display] = table_events(catalog, self.config, table)
+        return found
+
+    def close(self) -> None:
+        if self.opened is not None:
+            catalog, conn, producer = self.opened
+            self.opened = None
+            producer.close()
+            conn.close()
+            catalog.close()
+
+
+_reader: _Reader | None = None
+
+
+def _init_worker(
+    queue: multiprocessing.Queue, parent: int, log_level: str, secrets: list[str],
+    config: Config, snapshot_name: str, partitions: dict[str, int],
+) -> None:
     """A reader must never outlive its coordinator: after a `kill -9` of the daemon, an
     orphan still producing snapshot rows would land them after the restarted daemon's
     newer events (docs/design.md: no snapshot rows from a second process while streaming).
     A spawned reader starts with no logging set up: it gets the daemon's level and masking."""
-    global _progress_queue
+    global _progress_queue, _reader
     _progress_queue = queue
     setup_logging(log_level, secrets)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides when to stop
@@ -92,6 +139,8 @@ def _init_worker(queue: multiprocessing.Queue, parent: int, log_level: str, secr
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the coordinator died before the line above took effect
         os._exit(1)
+    _reader = _Reader(config, snapshot_name, partitions)
+    atexit.register(_reader.close)  # the pool's shutdown ends the process normally
 
 
 def import_snapshot(dsn: str, snapshot_name: str, application_name: str) -> psycopg.Connection:
@@ -112,35 +161,29 @@ def table_events(catalog: Catalog, config: Config, table: SnapshotTable) -> Tabl
     return events
 
 
-def read_range(
-    config: Config, snapshot_name: str, task: Task, position: int, ts_us: int, partitions: dict[str, int], limit: int
-) -> RangeDone:
-    """COPY one range, produce every row but the last, wait for the acknowledgements."""
-    catalog = Catalog(config.source.dsn)
-    conn = import_snapshot(config.source.dsn, snapshot_name, "cdc-snapshot")
-    producer = make_producer(config.topic, partitions)
-    try:
-        events = table_events(catalog, config, task.table)
-        source = events.source(ts_us, "true", position, 0, None, position)
-        send = _sender(Acks(config.daemon.max_pending_records, {events.topic: limit}, producer=producer), events)
-        rows, sent_bytes, held = 0, 0, None
-        with conn.cursor().copy(task.table.copy_sql(task.after, task.upto)) as copy:
-            for line in copy:
-                values = parse_line(line)
-                if held is not None:
-                    sent_bytes += send(held, source)
-                    rows += 1
-                    if rows % 5000 == 0 and _progress_queue is not None:
-                        _progress_queue.put((task.table.display, 5000))
-                held = values
-        deliver(producer, config.topic.delivery_timeout_ms / 1000)
-        if _progress_queue is not None and rows % 5000:
-            _progress_queue.put((task.table.display, rows % 5000))
-        return RangeDone(rows, sent_bytes, held)
-    finally:
-        producer.close()
-        conn.close()
-        catalog.close()
+def read_range(task: Task, position: int, ts_us: int, limit: int) -> RangeDone:
+    """COPY one range in this reader's snapshot, produce every row but the last, wait for
+    the acknowledgements."""
+    assert _reader is not None, "read_range runs in a reader process (_init_worker)"
+    config = _reader.config
+    _, conn, producer = _reader.open()
+    events = _reader.table_events(task.table)
+    source = events.source(ts_us, "true", position, 0, None, position)
+    send = _sender(Acks(config.daemon.max_pending_records, {events.topic: limit}, producer=producer), events)
+    rows, sent_bytes, held = 0, 0, None
+    with conn.cursor().copy(task.table.copy_sql(task.after, task.upto)) as copy:
+        for line in copy:
+            values = parse_line(line)
+            if held is not None:
+                sent_bytes += send(held, source)
+                rows += 1
+                if rows % 5000 == 0 and _progress_queue is not None:
+                    _progress_queue.put((task.table.display, 5000))
+            held = values
+    deliver(producer, config.topic.delivery_timeout_ms / 1000)
+    if _progress_queue is not None and rows % 5000:
+        _progress_queue.put((task.table.display, rows % 5000))
+    return RangeDone(rows, sent_bytes, held)
 
 
 def _sender(acks: Acks, events: TableEvents) -> Callable[[list, bytes], int]:
@@ -179,6 +222,7 @@ class InitialSnapshot:
         self.partitions = partitions
         self.stopping = stopping
         self.produced = produced
+        self._events: dict[str, TableEvents] = {}  # per table, its renderer (built by run)
 
     def run(self, snapshot_name: str, consistent_point: int, tables: list[CapturedTable]) -> None:
         """Snapshot `tables` at C; each table is recorded done in the state once acknowledged."""
@@ -193,7 +237,7 @@ class InitialSnapshot:
             len(described), sum(estimates.values()), format_lsn(consistent_point), cfg.snapshot.parallelism,
         )
         # the shapes the readers render with reach the schema topic before any row
-        events_of = {t.display: table_events(self.catalog, cfg, t) for t in described}
+        events_of = self._events = {t.display: table_events(self.catalog, cfg, t) for t in described}
         self.acks.send([version_record(events, consistent_point) for events in events_of.values()])
         deliver(self.producer, cfg.topic.delivery_timeout_ms / 1000)
         runs = {t.display: _TableRun(t, sum(1 for task in tasks if task.table is t)) for t in described}
@@ -202,16 +246,13 @@ class InitialSnapshot:
         queue = ctx.Queue()
         pool = ProcessPoolExecutor(
             cfg.snapshot.parallelism, mp_context=ctx, initializer=_init_worker,
-            initargs=(queue, os.getpid(), cfg.daemon.log_level, secrets_of(cfg)),
+            initargs=(queue, os.getpid(), cfg.daemon.log_level, secrets_of(cfg), cfg, snapshot_name, self.partitions),
         )
         futures: dict[Future, Task] = {}
         try:
             for task in tasks:
-                topic = _topic(cfg, task.table)
-                futures[pool.submit(
-                    read_range, cfg, snapshot_name, task, consistent_point, ts_us,
-                    {topic: self.partitions[topic]}, self.acks.limits.get(topic, cfg.topic.max_message_bytes),
-                )] = task
+                limit = self.acks.limits.get(_topic(cfg, task.table), cfg.topic.max_message_bytes)
+                futures[pool.submit(read_range, task, consistent_point, ts_us, limit)] = task
             held: tuple[SnapshotTable, list[str | None]] | None = None
             outstanding = set(futures)
             while outstanding:
@@ -219,6 +260,7 @@ class InitialSnapshot:
                     raise SnapshotStopped()
                 finished, outstanding = wait(outstanding, timeout=0.5, return_when=FIRST_COMPLETED)
                 _drain(queue, progress)
+                complete: list[SnapshotTable] = []
                 for future in finished:
                     task = futures[future]
                     done = future.result()  # a reader's error stops the snapshot here
@@ -230,7 +272,8 @@ class InitialSnapshot:
                         run.held.append(done.last)
                         progress.add(task.table.display, 1)
                     if run.tasks == 0:
-                        held = self._table_complete(run, held, consistent_point, ts_us)
+                        held = self._table_complete(run, held, consistent_point, ts_us, complete)
+                self._mark_done(complete)
                 progress.show()
             self._finish(held, consistent_point, ts_us)
             progress.close()
@@ -257,18 +300,20 @@ class InitialSnapshot:
         return [Task(table, edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
 
     def _table_complete(
-        self, run: _TableRun, held: tuple[SnapshotTable, list[str | None]] | None, position: int, ts_us: int
+        self, run: _TableRun, held: tuple[SnapshotTable, list[str | None]] | None, position: int, ts_us: int,
+        complete: list[SnapshotTable],
     ) -> tuple[SnapshotTable, list[str | None]] | None:
         """Emit a table's held-back rows; keep its very last one until we know whether it is the
-        snapshot's last. The previous table's last row is now known to be "last_in_data_collection"."""
+        snapshot's last. The previous table's last row is now known to be "last_in_data_collection".
+        Tables whose rows are all sent are added to `complete`, for `_mark_done`."""
         rows = run.held
         log.info("snapshot of %s: %d rows", run.table.display, run.rows + len(rows), extra={"table": run.table.display})
         if not rows:  # an empty table: the previous table's last row may still be the snapshot's last
-            self._mark_done(run.table)
+            complete.append(run.table)
             return held
         if held is not None:
             self._emit(held[0], held[1], "last_in_data_collection", position, ts_us)
-            self._mark_done(held[0])
+            complete.append(held[0])
         for values in rows[:-1]:
             self._emit(run.table, values, "true", position, ts_us)
         return run.table, rows[-1]
@@ -276,17 +321,22 @@ class InitialSnapshot:
     def _finish(self, held: tuple[SnapshotTable, list[str | None]] | None, position: int, ts_us: int) -> None:
         if held is not None:
             self._emit(held[0], held[1], "last", position, ts_us)
-            self._mark_done(held[0])
+            self._mark_done([held[0]])
 
     def _emit(self, table: SnapshotTable, values: list[str | None], marker: str, position: int, ts_us: int) -> None:
-        events = table_events(self.catalog, self.config, table)
+        events = self._events[table.display]
         size = _sender(self.acks, events)(values, events.source(ts_us, marker, position, 0, None, position))
         self.produced(events.name, 1, size)
 
-    def _mark_done(self, table: SnapshotTable) -> None:
-        """Durable before the next table counts: the records and then the state acknowledged."""
+    def _mark_done(self, tables: list[SnapshotTable]) -> None:
+        """Durable before the next tables count: their records and then the state acknowledged.
+        The tables that finished together share the two round trips (a wide schema's small
+        tables finish many at a time)."""
+        if not tables:
+            return
         deliver(self.producer, self.config.topic.delivery_timeout_ms / 1000)
-        self.state.mark_done(table.display)
+        for table in tables:
+            self.state.mark_done(table.display)
         send_state(self.producer, self.config.topic.prefix, self.state)
         deliver(self.producer, self.config.topic.delivery_timeout_ms / 1000)
 

@@ -141,11 +141,11 @@ CONFIG_CASES = {
     ),
     "bad type": (
         '[topic]\npartitions = "x"\n', {},
-        "[topic] partitions = 'x' is not a whole number: set it to one, e.g. partitions = 3",
+        "[topic] partitions = 'x' is not a whole number: set it to one, e.g. partitions = 1",
     ),
     "float for an int": (
         '[topic]\npartitions = 3.5\n', {},
-        "[topic] partitions = 3.5 is not a whole number: set it to one, e.g. partitions = 3",
+        "[topic] partitions = 3.5 is not a whole number: set it to one, e.g. partitions = 1",
     ),
     "bool for a float": (
         '[source]\nslot_wait_s = true\n', {},

@@ -41,7 +41,8 @@ def test_defaults_without_file_or_environment():
     assert (config.source.slot, config.source.publication, config.source.tables) == ("cdc", "cdc", ["public.*"])
     assert (config.source.protocol_version, config.source.streaming) == (1, False)
     assert config.topic.bootstrap_servers == "127.0.0.1:9092"
-    assert (config.topic.prefix, config.topic.partitions, config.topic.replication_factor) == ("cdc", 3, 1)
+    assert (config.topic.prefix, config.topic.partitions, config.topic.replication_factor) == ("cdc", 1, 1)
+    assert config.topic.table_partitions == []
     assert config.topic.allow_non_compacted is False
     assert config.events.schemas is False
     assert (config.daemon.metrics_port, config.daemon.log_level) == (0, "INFO")
@@ -190,9 +191,9 @@ def test_lower_case_environment_variable_is_an_error():
         ("[daemon]\nzzz = 1\n", "unknown key 'zzz' in [daemon]: remove it (known keys: log_format, log_level, max_pending_records, "
                                 "metrics_host, metrics_interval_s, metrics_port, spill_dir)"),
         ("[topics]\n", "unknown section [topics] in {path}: did you mean [topic]? (remove it or fix the spelling)"),
-        ("[topic]\npartitions = 'x'\n", "[topic] partitions = 'x' is not a whole number: set it to one, e.g. partitions = 3"),
-        ("[topic]\npartitions = 2.5\n", "[topic] partitions = 2.5 is not a whole number: set it to one, e.g. partitions = 3"),
-        ("[topic]\npartitions = true\n", "[topic] partitions = true is not a whole number: set it to one, e.g. partitions = 3"),
+        ("[topic]\npartitions = 'x'\n", "[topic] partitions = 'x' is not a whole number: set it to one, e.g. partitions = 1"),
+        ("[topic]\npartitions = 2.5\n", "[topic] partitions = 2.5 is not a whole number: set it to one, e.g. partitions = 1"),
+        ("[topic]\npartitions = true\n", "[topic] partitions = true is not a whole number: set it to one, e.g. partitions = 1"),
         ("[topic]\npartitions = 0\n", "[topic] partitions must be at least 1"),
         ("[topic]\nprefix = 7\n", '[topic] prefix = 7 is not a string: set it to one, e.g. prefix = "cdc"'),
         ("[source]\ntables = 'public.x'\n", None),  # a single string is a one-item list
@@ -283,7 +284,7 @@ def test_cdc_config_error_is_one_line(tmp_path):
     result = CliRunner().invoke(main, ["config", "--config", str(path)])
     assert result.exit_code == 1
     assert result.output == (
-        "error: [topic] partitions = 'many' is not a whole number: set it to one, e.g. partitions = 3\n"
+        "error: [topic] partitions = 'many' is not a whole number: set it to one, e.g. partitions = 1\n"
     )
 
 
@@ -357,7 +358,10 @@ def _invalid_values(s, from_env: bool) -> dict[str, object]:
         out["wrong type"] = 7
     elif s.kind == list[str]:
         out["wrong type"] = "[1]" if from_env else [1]
-        out["empty"] = "" if from_env else []
+        if s.default:  # a list whose default is empty may be empty
+            out["empty"] = "" if from_env else []
+        if s.sample is not None:
+            out["not its form"] = "public.orders:6" if from_env else ["public.orders:6"]
     if s.kind is str and not s.optional:
         out["empty"] = ""
     if s.kind in (int, float) and s.low is not None:
@@ -421,6 +425,12 @@ def test_every_setting_refuses_invalid_values(tmp_path, setting, from_env, case,
     "environ, expected",
     [
         ({"CDC_TOPIC_PARTITIONS": str(2**31)}, "CDC_TOPIC_PARTITIONS = 2147483648 is too large: the most is 2147483647"),
+        ({"CDC_TOPIC_TABLE_PARTITIONS": "public.orders=6,public.items"},
+         "CDC_TOPIC_TABLE_PARTITIONS has 'public.items', which is not schema.table=count with a count of at least 1: "
+         'write each entry as "schema.table=count" or "schema.*=count", e.g. ["public.orders=6"]'),
+        ({"CDC_TOPIC_TABLE_PARTITIONS": "public.orders=0"}, "CDC_TOPIC_TABLE_PARTITIONS has 'public.orders=0', which is"),
+        ({"CDC_TOPIC_TABLE_PARTITIONS": "orders=6"},
+         "CDC_TOPIC_TABLE_PARTITIONS: table pattern 'orders' has no schema: write it as schema.table"),
         ({"CDC_TOPIC_BOOTSTRAP_SERVERS": "kafka:90x2"}, "CDC_TOPIC_BOOTSTRAP_SERVERS has 'kafka:90x2', which is not host:port"),
         ({"CDC_TOPIC_BOOTSTRAP_SERVERS": "a:9092,b"}, "CDC_TOPIC_BOOTSTRAP_SERVERS has 'b', which is not host:port"),
         ({"CDC_TOPIC_BOOTSTRAP_SERVERS": "a:0"}, "CDC_TOPIC_BOOTSTRAP_SERVERS has 'a:0', which is not host:port"),
@@ -468,6 +478,18 @@ def test_case_insensitive_choices_are_kept_upper_case(tmp_path):
     })
     assert (config.topic.security_protocol, config.topic.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
     assert config.daemon.log_level == "DEBUG"
+
+
+def test_table_partitions_give_busy_tables_their_count_and_the_rest_the_default():
+    config = load(None, environ={
+        "CDC_TOPIC_PARTITIONS": "2", "CDC_TOPIC_TABLE_PARTITIONS": 'public.orders=12,"Sales".*=4,public.*=3',
+    })
+    topic = config.topic
+    assert topic.table_partitions == ["public.orders=12", '"Sales".*=4', "public.*=3"]
+    assert [topic.partitions_of(*t) for t in (("public", "orders"), ("public", "items"), ("Sales", "x"), ("sales", "x"),
+                                              ("other", "x"))] == [12, 3, 4, 2, 2]
+    quoted = load(None, environ={"CDC_TOPIC_TABLE_PARTITIONS": '["public.\\"a=b\\"=5"]'}).topic
+    assert quoted.partitions_of("public", "a=b") == 5  # the count is after the last `=`
 
 
 def test_skipped_operations():

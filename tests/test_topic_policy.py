@@ -4,6 +4,7 @@ says of settings that lose data, and what `cdc topics ensure` repairs."""
 from __future__ import annotations
 
 import json
+import math
 
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 
@@ -131,3 +132,53 @@ def test_a_wide_schemas_topics_are_created_together_each_with_the_policy(broker_
         admin._create(names[:3], 1, log_only=False, retention_ms=-1)
     finally:
         admin.close()
+
+
+def test_busy_tables_get_their_partitions_and_describe_names_a_table_that_would_gain_from_more(
+    tmp_path, db, broker_servers, topic_prefix
+) -> None:
+    """[topic] table_partitions gives the matching tables' new topics their count (the first
+    entry that matches), the others get [topic] partitions; `describe` shows each table
+    topic's busiest partition's rate over the last hour, and `describe` and `ensure` name a
+    table above BUSY_PARTITION_RATE with the count it would gain from, as advice (exit 0)."""
+    from cdc.topic_commands import BUSY_PARTITION_RATE, RATE_MIN_SPAN_S
+
+    db.execute("CREATE SCHEMA other")
+    for table in ("public.hot", "public.warm", "other.busy"):
+        db.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+    config = write_config(
+        tmp_path / "cdc.toml", db.dsn, broker_servers, topic_prefix, ["public.*", "other.*"],
+        topic={"partitions": 1, "table_partitions": ["public.hot=4", "public.*=2"]},
+    )
+    slot = slot_of(topic_prefix)
+    daemon = start_streaming(config, tmp_path / "daemon.log", db.dsn, slot)
+    busy = int(BUSY_PARTITION_RATE * RATE_MIN_SPAN_S * 1.5)  # within a minute: 1.5 x the rate
+    db.execute(f"INSERT INTO other.busy SELECT g FROM generate_series(1, {busy}) g")
+    db.execute("INSERT INTO public.hot SELECT g FROM generate_series(1, 100) g")
+    wait_caught_up(db.dsn, slot, daemon)
+    assert daemon.stop() == 0
+
+    topics = _describe(config)
+    hot, warm, other = (topics[topic_name(topic_prefix, *t)] for t in (("public", "hot"), ("public", "warm"),
+                                                                        ("other", "busy")))
+    assert (hot["partitions"], warm["partitions"], other["partitions"]) == (4, 2, 1)
+    assert topics[f"{topic_prefix}.__cdc_heartbeat"]["partitions"] == 1
+    assert warm["records_per_s_busiest_partition"] == 0 and warm["advice"] is None
+    assert 0 < hot["records_per_s_busiest_partition"] < BUSY_PARTITION_RATE and hot["advice"] is None
+    rate = other["records_per_s_busiest_partition"]
+    assert BUSY_PARTITION_RATE < rate <= busy / RATE_MIN_SPAN_S
+    advice = (
+        f"its busiest partition took {rate:,.0f} records/s over the last hour, more than a consumer reading it with "
+        f"one task (a Kafka Connect sink) applies: give the table {math.ceil(rate / BUSY_PARTITION_RATE)} partitions "
+        f"in a new topic ([topic] table_partitions = [\"<schema.table>={math.ceil(rate / BUSY_PARTITION_RATE)}\"], "
+        "see Choosing partitions); adding partitions to this one would move keys between partitions and break their "
+        "order"
+    )
+    assert other["advice"] == advice
+    text = cdc("topics", "describe", "--config", str(config)).stdout
+    assert f"  advice: partitions=1: {advice}\n" in text
+    assert f"  busiest partition              {rate:,.1f} records/s over the last hour\n" in text
+    assert text.rstrip().endswith(", 1 table busy enough to gain from more partitions")
+    done = cdc("topics", "ensure", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert f"advice: {other['topic']}: {advice}" in done.stdout.splitlines()

@@ -206,7 +206,8 @@ class TopicAdmin:
                 log.warning("topic %s is not compacted (cleanup.policy=%s), as allowed", info.name, info.cleanup_policy)
             if info.partitions != partitions:
                 log.info(
-                    "topic %s exists with %d partitions ([topic] partitions = %d applies to new topics only)",
+                    "topic %s exists with %d partitions (a new one would get %d: [topic] partitions and "
+                    "table_partitions apply to new topics only, see Choosing partitions)",
                     info.name, info.partitions, partitions,
                 )
         missing = [n for n in names if n not in infos]
@@ -298,6 +299,34 @@ class TopicAdmin:
         for tp, value in result.items():
             out[tp.topic][tp.partition] = value.offset
         return out
+
+    def write_rates(self, names: list[str], window_s: float, min_span_s: float) -> dict[str, float]:
+        """Per topic, the records a second its busiest partition took over the last `window_s`:
+        the offsets since the first record written in the window, over the time since it (at
+        least `min_span_s`, so a short burst is not a rate). Offsets count every record,
+        also the ones compaction has removed since."""
+        with self._broker_errors("list the topics' offsets"):
+            return self._write_rates(names, window_s, min_span_s)
+
+    def _write_rates(self, names: list[str], window_s: float, min_span_s: float) -> dict[str, float]:
+        from kafka.admin import OffsetSpec
+        from kafka.structs import TopicPartition
+
+        infos = self.describe(names)
+        parts = [TopicPartition(info.name, p) for info in infos.values() for p in range(info.partitions)]
+        rates = dict.fromkeys(infos, 0.0)
+        if not parts:
+            return rates
+        now_ms = int(time.time() * 1000)
+        since = self._admin.list_partition_offsets({tp: now_ms - int(window_s * 1000) for tp in parts})
+        ends = self._admin.list_partition_offsets(dict.fromkeys(parts, OffsetSpec.LATEST))
+        for tp in parts:
+            first = since[tp]
+            if first.offset < 0:  # nothing written in the window
+                continue
+            span_s = max(min_span_s, (now_ms - first.timestamp) / 1000)
+            rates[tp.topic] = max(rates[tp.topic], (ends[tp].offset - first.offset) / span_s)
+        return rates
 
     def log_sizes(self) -> dict[str, int]:
         """Bytes each topic's log holds on disk: per partition its largest replica (the leader's,

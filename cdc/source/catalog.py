@@ -39,20 +39,21 @@ WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
 ORDER BY n.nspname, c.relname
 """
 
+# Both take an array of table oids: a wide schema's tables are described in two queries.
 _KEY_SQL = """
-SELECT i.indisprimary, i.indisreplident, a.attname
+SELECT i.indrelid, i.indisprimary, i.indisreplident, a.attname
 FROM pg_index i
 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
-ORDER BY k.ord
+WHERE i.indrelid = ANY(%s) AND (i.indisprimary OR i.indisreplident)
+ORDER BY i.indrelid, k.ord
 """
 
 _TOAST_SQL = """
-SELECT a.attname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+SELECT a.attrelid, a.attname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+WHERE a.attrelid = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
   AND t.typlen = -1 AND a.attstorage IN ('x', 'e')
-ORDER BY a.attnum
+ORDER BY a.attrelid, a.attnum
 """
 
 
@@ -134,17 +135,32 @@ class Catalog:
                 unmatched.append(text)
             for hit in hits:
                 chosen[hit[0]] = hit
-        return [self.describe(oid, schema, table, ident) for oid, schema, table, ident in chosen.values()], unmatched
+        return self.describe_many(list(chosen.values())), unmatched
 
     def describe(self, oid: int, schema: str, table: str, replica_identity: str) -> CapturedTable:
         """The key is the primary key, or the replica identity index where one is set: the
         columns PostgreSQL sends as the old key, so a key change is always seen."""
-        rows = self.conn.execute(_KEY_SQL, (oid,)).fetchall()
-        primary = tuple(name for is_pk, _, name in rows if is_pk)
-        identity = tuple(name for _, is_ident, name in rows if is_ident)
-        key = identity if replica_identity == "i" else primary
-        toast = tuple(r[0] for r in self.conn.execute(_TOAST_SQL, (oid,)).fetchall())
-        return CapturedTable(oid, schema, table, replica_identity, key, bool(primary), toast)
+        return self.describe_many([(oid, schema, table, replica_identity)])[0]
+
+    def describe_many(self, tables: list[tuple[int, str, str, str]]) -> list[CapturedTable]:
+        """`describe` of each (oid, schema, table, replica identity), in two queries for all."""
+        oids = [t[0] for t in tables]
+        primary: dict[int, list[str]] = {}
+        identity: dict[int, list[str]] = {}
+        for oid, is_pk, is_ident, name in self.conn.execute(_KEY_SQL, (oids,)).fetchall():
+            if is_pk:
+                primary.setdefault(oid, []).append(name)
+            if is_ident:
+                identity.setdefault(oid, []).append(name)
+        toast: dict[int, list[str]] = {}
+        for oid, name in self.conn.execute(_TOAST_SQL, (oids,)).fetchall():
+            toast.setdefault(oid, []).append(name)
+        out = []
+        for oid, schema, table, replica_identity in tables:
+            pk = tuple(primary.get(oid, ()))
+            key = tuple(identity.get(oid, ())) if replica_identity == "i" else pk
+            out.append(CapturedTable(oid, schema, table, replica_identity, key, bool(pk), tuple(toast.get(oid, ()))))
+        return out
 
     def table_by_oid(self, oid: int) -> CapturedTable | None:
         row = self.conn.execute(

@@ -78,13 +78,16 @@ def resolve_tables(catalog: Catalog, config: Config) -> list[CapturedTable]:
     if unmatched:
         raise PreflightError(_not_found(catalog, unmatched[0]))
     role = catalog.conn.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
+    facts = {
+        oid: rest for oid, *rest in catalog.conn.execute(
+            "SELECT oid, has_schema_privilege(relnamespace, 'USAGE'), has_table_privilege(oid, 'SELECT'), "
+            "relpersistence::text FROM pg_class WHERE oid = ANY(%s)",
+            ([t.oid for t in tables],),
+        ).fetchall()
+    }
     for table in tables:
         name = qualified(table.schema, table.table)
-        usage, allowed, persistence = catalog.conn.execute(
-            "SELECT has_schema_privilege(relnamespace, 'USAGE'), has_table_privilege(oid, 'SELECT'), "
-            "relpersistence::text FROM pg_class WHERE oid = %s",
-            (table.oid,),
-        ).fetchone()  # type: ignore[misc]
+        usage, allowed, persistence = facts[table.oid]
         if not usage:
             raise PreflightError(
                 f"role {role} lacks USAGE on schema {quote_ident(table.schema)}, so it cannot read {table.display}: "
@@ -109,7 +112,9 @@ def resolve_tables(catalog: Catalog, config: Config) -> list[CapturedTable]:
                 f"run ALTER TABLE {name} REPLICA IDENTITY DEFAULT (or FULL)"
             )
     _check_topic_names(config, tables)
-    return [_apply_toast_policy(catalog, config, t) for t in tables]
+    resolved = [_apply_toast_policy(catalog, config, t) for t in tables]
+    _warn_toast_placeholders([t for t in resolved if _sends_toast_placeholders(t)])
+    return resolved
 
 
 def _check_topic_names(config: Config, tables: list[CapturedTable]) -> None:
@@ -169,27 +174,50 @@ def _not_found(catalog: Catalog, text: str) -> str:
     )
 
 
+def _sends_toast_placeholders(table: CapturedTable) -> bool:
+    return table.replica_identity == "d" and bool(table.toastable_columns)
+
+
 def _apply_toast_policy(catalog: Catalog, config: Config, table: CapturedTable) -> CapturedTable:
-    if table.replica_identity != "d" or not table.toastable_columns:
+    if not _sends_toast_placeholders(table) or not config.source.set_replica_identity_full:
         return table
     name = qualified(table.schema, table.table)
-    if config.source.set_replica_identity_full:
-        try:
-            catalog.conn.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
-        except psycopg.Error as exc:
-            raise PreflightError(
-                f"cannot set REPLICA IDENTITY FULL on {table.display} ({exc.diag.message_primary}): run it as the "
-                "table's owner, or set [source] set_replica_identity_full = false"
-            ) from None
-        log.info("set REPLICA IDENTITY FULL on %s (set_replica_identity_full = true)", table.display)
-        return catalog.describe(table.oid, table.schema, table.table, "f")
-    log.warning(
-        "table %s has TOASTable columns (%s) under REPLICA IDENTITY DEFAULT: an UPDATE that leaves a large value "
-        "unchanged sends the placeholder __debezium_unavailable_value, and compaction then keeps the placeholder; "
-        "set [source] set_replica_identity_full = true (ALTER TABLE %s REPLICA IDENTITY FULL) to send real values",
-        table.display, ", ".join(table.toastable_columns), name,
+    try:
+        catalog.conn.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
+    except psycopg.Error as exc:
+        raise PreflightError(
+            f"cannot set REPLICA IDENTITY FULL on {table.display} ({exc.diag.message_primary}): run it as the "
+            "table's owner, or set [source] set_replica_identity_full = false"
+        ) from None
+    log.info("set REPLICA IDENTITY FULL on %s (set_replica_identity_full = true)", table.display)
+    return catalog.describe(table.oid, table.schema, table.table, "f")
+
+
+#: up to this many tables get a warning line each; a wider schema gets one line for them all
+TOAST_WARNINGS_EACH = 5
+
+
+def _warn_toast_placeholders(tables: list[CapturedTable]) -> None:
+    """One line per table whose UPDATEs may send TOAST placeholders, or one line for all of
+    them in a wide schema (a thousand identical warnings hide the start-up's other lines)."""
+    consequence = (
+        "an UPDATE that leaves a large value unchanged sends the placeholder __debezium_unavailable_value, and "
+        "compaction then keeps the placeholder; set [source] set_replica_identity_full = true"
     )
-    return table
+    if len(tables) <= TOAST_WARNINGS_EACH:
+        for table in tables:
+            log.warning(
+                "table %s has TOASTable columns (%s) under REPLICA IDENTITY DEFAULT: %s (ALTER TABLE %s REPLICA "
+                "IDENTITY FULL) to send real values",
+                table.display, ", ".join(table.toastable_columns), consequence, qualified(table.schema, table.table),
+            )
+        return
+    shown = ", ".join(t.display for t in tables[:TOAST_WARNINGS_EACH])
+    log.warning(
+        "%d tables have TOASTable columns under REPLICA IDENTITY DEFAULT (%s and %d more): %s (ALTER TABLE ... "
+        "REPLICA IDENTITY FULL on each) to send real values",
+        len(tables), shown, len(tables) - TOAST_WARNINGS_EACH, consequence,
+    )
 
 
 def start_failure(config: Config, exc: BaseException) -> PreflightError:
