@@ -161,7 +161,7 @@ CONFIG_CASES = {
     ),
     "env override": (
         "", {"CDC_TOPIC_PARTITIONS": "abc"},
-        "CDC_TOPIC_PARTITIONS = 'abc' is not a whole number: set it to one, e.g. CDC_TOPIC_PARTITIONS=3",
+        "CDC_TOPIC_PARTITIONS = 'abc' is not a whole number: set it to one, e.g. CDC_TOPIC_PARTITIONS=1",
     ),
     "env override of a known section with an unknown key": (
         "", {"CDC_SOURCE_TABLE": "public.x"},
