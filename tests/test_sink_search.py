@@ -425,3 +425,61 @@ def test_a_proxy_page_instead_of_opensearch_is_one_line(tmp_path: Path) -> None:
         f"error: OpenSearch at {url} answered GET / with HTTP 200 and text/html, not OpenSearch's JSON: point "
         "[search] url at OpenSearch's REST endpoint (not a proxy's or a login page)"
     )
+
+
+def _open_shards(base: str) -> int:
+    health = _ok(base, "GET", "/_cluster/health")
+    return health["active_shards"] + health["initializing_shards"] + health["unassigned_shards"]
+
+
+def test_a_layout_beyond_the_clusters_shard_limit_is_one_line_before_any_index_is_made(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, opensearch: LocalOpenSearch
+) -> None:
+    """Each table takes an index and a delete markers' index, and a rebuild a second
+    generation of each table's index: where `cluster.max_shards_per_node` would refuse part
+    of them, the job (and the rebuild) stops at once with one line naming the limit and the
+    fix, having made none of them; with the limit raised, the same run goes on."""
+    base = opensearch.url
+    for table in ("a", "b", "c"):
+        db.execute(f"CREATE TABLE public.{table} (id int PRIMARY KEY)")
+        db.execute(f"INSERT INTO public.{table} VALUES (1)")
+    daemon, slot = run_daemon(["public.*"])
+    wait_caught_up(db.dsn, slot, daemon)
+    config = _config(tmp_path, db, broker_servers, topic_prefix, base)
+    sink = Sink(config, tmp_path / "sink.log", store="search")
+    sink.once()  # the job's own index (its bookkeeping) first
+    for table in ("a", "b", "c"):  # the job made them: start again without them
+        _ok(base, "DELETE", f"/{index_name(alias_name(f'{topic_prefix}.public.{table}'))},"
+                            f"{markers_name(alias_name(f'{topic_prefix}.public.{table}'))}?expand_wildcards=all")
+    shutil.rmtree(tmp_path / "checkpoints")
+    opened = _open_shards(base)
+    limit = "cluster.max_shards_per_node"
+    try:
+        _ok(base, "PUT", "/_cluster/settings", {"persistent": {limit: opened + 5}})  # 3 tables need 6
+        failed = sink.once(exit_code=1)
+        assert [line for line in failed.splitlines() if line.startswith("error: ")] == [
+            f"error: OpenSearch at {base} has room for 5 more shards ({limit} = {opened + 5} on each of 1 data node, "
+            f"{opened} "
+            "shards open) and the indexes of 3 tables need 6 (6 indexes of 1: [search] shards = 1, replicas = 0): "
+            f"raise {limit} to at least {opened + 6} (PUT _cluster/settings), add data nodes, or capture fewer tables "
+            "into this cluster"
+        ]
+        assert _ok(base, "GET", f"/_alias/{alias_name(topic_prefix)}.*?expand_wildcards=all") == {}
+
+        _ok(base, "PUT", "/_cluster/settings", {"persistent": {limit: opened + 7}})
+        assert "0 dead letters" in sink.once()
+        assert {a: _rows(base, f"{topic_prefix}.public.{a}") for a in ("a", "b", "c")} == {
+            a: {'{"id":1}': {"id": 1}} for a in ("a", "b", "c")}
+        # a rebuild's new generation of the three indexes does not fit: refused before it makes any
+        done = cdc_here("search", "rebuild", "--config", str(config))
+        assert done.returncode == 1
+        assert [line for line in done.stderr.splitlines() if line.startswith("error: ")][0].endswith(
+            f"has room for 1 more shards ({limit} = {opened + 7} on each of 1 data node, {opened + 6} shards open) "
+            "and a rebuild's new generation of 3 tables need 3 (3 indexes of 1: [search] shards = 1, replicas = 0): "
+            f"raise {limit} to at least {opened + 9} (PUT _cluster/settings), add data nodes, or capture fewer "
+            "tables into this cluster"
+        )
+        assert _open_shards(base) == opened + 6
+    finally:
+        _ok(base, "PUT", "/_cluster/settings", {"persistent": {limit: None}})
+    assert daemon.stop() == 0

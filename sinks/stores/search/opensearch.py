@@ -266,6 +266,36 @@ class Bulk:
         return retry
 
 
+@dataclass(frozen=True)
+class ShardRoom:
+    """What the cluster's shard limit leaves: `cluster.max_shards_per_node` on each data
+    node, against the shards of its open indexes (replicas included, assigned or not),
+    which is what OpenSearch checks every index creation against."""
+
+    per_node: int
+    nodes: int
+    open: int
+
+    @property
+    def free(self) -> int:
+        return max(0, self.per_node * self.nodes - self.open)
+
+
+SHARD_LIMIT = "cluster.max_shards_per_node"
+
+
+def shard_room(client: Client) -> ShardRoom:
+    settings = client.ok("GET", "/_cluster/settings?include_defaults=true&flat_settings=true")
+    per_node = next(
+        (int(settings[level][SHARD_LIMIT]) for level in ("transient", "persistent", "defaults")
+         if SHARD_LIMIT in settings.get(level, {})),
+        1000,
+    )
+    health = client.ok("GET", "/_cluster/health")
+    opened = int(health["active_shards"]) + int(health["initializing_shards"]) + int(health["unassigned_shards"])
+    return ShardRoom(per_node, int(health["number_of_data_nodes"]), opened)
+
+
 def create_index(client: Client, name: str, body: dict[str, Any]) -> None:
     """Create an index (or nothing, when it is there)."""
     status, answer = client.request("PUT", f"/{path_of(name)}", body)

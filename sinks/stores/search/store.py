@@ -31,6 +31,7 @@ from sinks.rows import CHUNK_KEYS, Rejected, RowStore, RowWriter
 from sinks.store import SinkStopped, StoreLost
 from sinks.stores.search import SearchConfig
 from sinks.stores.search.opensearch import (
+    SHARD_LIMIT,
     Action,
     Bulk,
     Client,
@@ -40,6 +41,7 @@ from sinks.stores.search.opensearch import (
     path_of,
     reason,
     scroll,
+    shard_room,
     versioned,
 )
 from sinks.stores.search.shapes import (
@@ -255,6 +257,8 @@ class SearchStore(RowStore):
                 self.filled = set()
                 if self.settings.rebuild:
                     self._drop_unfinished(client)
+                    readers = sorted(a for a in self._behind(client) if not a.endswith(REBUILD_SUFFIX))
+                    self._room_for(client, readers, len(readers), "a rebuild's new generation of")
             else:
                 self.filled = set(record.get("indexes", []))
                 behind = self._behind(client)
@@ -307,10 +311,41 @@ class SearchStore(RowStore):
     def prepare(self, topics: list[str], registry: Registry) -> None:
         client = self._client()
         try:
+            new = [alias_name(t) for t in topics if self._unindexed(client, alias_name(t))]
+            markers = [] if self.settings.rebuild else [
+                a for a in new if client.ok("GET", f"/{path_of(markers_name(a))}/_settings", missing_ok=True) is None
+            ]
+            self._room_for(client, new, len(new) + len(markers), "the indexes of")
             for topic in topics:
                 self.ensure_index(client, topic, registry.versions(topic)[-1])
         finally:
             client.close()
+
+    def _unindexed(self, client: Client, alias: str) -> bool:
+        """A table whose index `ensure_index` is about to create."""
+        if alias in self.mapped:
+            return False
+        return client.ok("GET", f"/{path_of(self.settings.target(alias))}/_mapping", missing_ok=True) is None
+
+    def _room_for(self, client: Client, aliases: list[str], indexes: int, what: str) -> None:
+        """Refuse, in one line and before creating any, indexes the cluster's shard limit
+        would refuse part of the way through (a table has an index and a delete markers'
+        index; a rebuild adds an index per table until its switch)."""
+        if not indexes:
+            return
+        per_index = self.config.shards * (1 + self.config.replicas)
+        need, room = per_index * indexes, shard_room(client)
+        if need <= room.free:
+            return
+        enough = -(-(room.open + need) // max(1, room.nodes))
+        raise SinkStopped(
+            f"{client.where} has room for {room.free} more shards ({SHARD_LIMIT} = {room.per_node} on each of "
+            f"{room.nodes} data node{'' if room.nodes == 1 else 's'}, {room.open} shards open) and {what} "
+            f"{len(aliases)} tables need {need} "
+            f"({indexes} indexes of {per_index}: [search] shards = {self.config.shards}, replicas = "
+            f"{self.config.replicas}): raise {SHARD_LIMIT} to at least {enough} (PUT _cluster/settings), add data "
+            "nodes, or capture fewer tables into this cluster"
+        )
 
     def after_batch(self, topics: list[str]) -> None:
         if self.settings.refresh == "batch" and topics and not self.settings.rebuild:  # searchable at the commit
