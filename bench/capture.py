@@ -561,13 +561,7 @@ class Bench:
             "snapshot": snapshot,
             "daemon": {"spill_dir": str(self.workdir / f"spill-{prefix}"), "log_level": "INFO"},
         }
-        lines = []
-        for name, values in sections.items():
-            lines.append(f"[{name}]")
-            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]  # JSON scalars/lists are TOML
-        path = self.workdir / f"{prefix}.toml"
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        return path
+        return write_toml(self.workdir / f"{prefix}.toml", sections)
 
     def start_daemon(self, client: str, slot: str, prefix: str) -> tuple[subprocess.Popen, Path, float]:
         # the slot is made before the workload: stream it, read nothing else
@@ -969,6 +963,16 @@ class Bench:
         during = (min(self.loads), max(self.loads)) if self.loads else None
         return figures.write(self.name, report, title=self.title, versions=self.results_versions(), variant=self.results_variant(),
                              load_during=during, directory=directory)
+
+
+def write_toml(path: Path, sections: dict[str, dict[str, Any]]) -> Path:
+    """A cdc configuration file from its sections (JSON scalars and lists are TOML)."""
+    lines = []
+    for name, values in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 def _f(value: float | None, digits: int = 1) -> str:

@@ -70,6 +70,17 @@ DEBEZIUM_TUNING = {
 WORKER = {"connector.client.config.override.policy": "All", "offset.flush.interval.ms": "1000"}
 
 
+def cdc_slot(prefix: str) -> str:
+    """The slot of cdc's pipeline writing under `prefix`."""
+    return f"s_{prefix}"
+
+
+def versions() -> dict[str, str]:
+    """The versions the figures depend on, for the results file."""
+    return {**figures.package_versions("psycopg", "confluent-kafka"),
+            **figures.jvm_versions("kafka", "debezium-postgres"), **figures.postgres_version()}
+
+
 @dataclass
 class Measure:
     rows: int
@@ -146,6 +157,9 @@ class TreeCpu:
 
 
 class DebeziumBench:
+    #: PostgreSQL's settings (bench/width.py adds lock slots for its thousands of tables)
+    pg_settings: dict[str, str] = capture.PG_SETTINGS
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.procs = capture.Processes()
@@ -160,6 +174,12 @@ class DebeziumBench:
         self.next_id = 1
         self._counter: Any = None
         self.loads: list[float] = []
+        self.failed = False  # set by capture.drive: the work directory is then kept
+        # what bench/width.py changes to capture many tables with the same machinery:
+        self.dbname = "postgres"  # the database captured
+        self.cdc_settings: dict[str, dict[str, Any]] = {}  # added to (or overriding) each section of cdc's config
+        self.debezium_settings: dict[str, str] = {}  # added to (or overriding) the connector's properties
+        self.follow_timeout = 900.0  # seconds a pipeline has to bring its topics to the count awaited
 
     # -- plumbing --------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -170,7 +190,7 @@ class DebeziumBench:
     @property
     def dsn(self) -> str:
         assert self.pg is not None
-        return self.pg.dsn()
+        return self.pg.dsn(self.dbname)
 
     @property
     def servers(self) -> str:
@@ -204,16 +224,22 @@ class DebeziumBench:
         except KafkaException:
             return 0
 
+    def records(self, prefix: str) -> int:
+        """Records in the topics of the pipeline writing under `prefix`: here its one table's
+        (bench/width.py counts many tables, from a lower bound that is exact once complete)."""
+        return self.topic_count(topic_name(prefix, "public", TABLE))
+
     def follow(
-        self, pgid: int | None, t0: float, topic: str, initial: int, rows: int,
-        proc: subprocess.Popen | None = None, timeout: float = 900,
+        self, pgid: int | None, t0: float, prefix: str, initial: int, rows: int,
+        proc: subprocess.Popen | None = None, timeout: float | None = None,
     ) -> Measure:
-        """Poll the topic until it holds `rows` more records than `initial`; CPU of the
-        pipeline's group (and the broker's and PostgreSQL's) from `t0` and from the first record."""
+        """Poll the pipeline's topics until they hold `rows` more records than `initial`; CPU of
+        the pipeline's group (and the broker's and PostgreSQL's) from `t0` and from the first record."""
+        timeout = self.follow_timeout if timeout is None else timeout
         window = TreeCpu(self.groups(pgid)).start()
         first: float | None = None
         while True:
-            count, now = self.topic_count(topic), time.monotonic()
+            count, now = self.records(prefix), time.monotonic()
             if first is None and count > initial:
                 first = now
                 window.mark()
@@ -221,7 +247,7 @@ class DebeziumBench:
                 break
             if now > t0 + timeout:
                 window.stop()
-                raise capture.BenchError(f"{topic} did not reach {initial + rows} records in {timeout:.0f} s")
+                raise capture.BenchError(f"the topics of {prefix} did not reach {initial + rows} records in {timeout:.0f} s")
             time.sleep(0.05)
         done = now
         if proc is not None:
@@ -233,14 +259,18 @@ class DebeziumBench:
 
     # -- setup -----------------------------------------------------------------------------
     def start(self) -> None:
-        self.log(f"work dir {self.workdir}")
-        self.pg = LocalPostgres(self.workdir / "pg", settings=capture.PG_SETTINGS).start()
+        self.start_services()
         self.sql(capture.CREATE_TABLE)
         self.sql(f"CREATE PUBLICATION {capture.PUBLICATION} FOR TABLE {TABLE}")
+        self.insert(self.args.snapshot_rows)
+
+    def start_services(self) -> None:
+        """PostgreSQL, the broker and the Connect worker."""
+        self.log(f"work dir {self.workdir}")
+        self.pg = LocalPostgres(self.workdir / "pg", settings=self.pg_settings).start()
         self.broker = LocalKafka(self.workdir / "kafka", full_jit=True).start()
         self.connect = LocalKafkaConnect(self.workdir / "connect", self.servers, worker=WORKER, heap="1g").start()
         self.log(f"PostgreSQL {self.pg.port}, Kafka {self.servers}, Connect {self.connect.url}")
-        self.insert(self.args.snapshot_rows)
 
     def insert(self, rows: int) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -263,20 +293,16 @@ class DebeziumBench:
 
     # -- cdc -------------------------------------------------------------------------------
     def cdc_config(self, prefix: str) -> Path:
-        sections = {
-            "source": {"dsn": self.dsn, "slot": f"s_{prefix}", "publication": capture.PUBLICATION,
+        sections: dict[str, dict[str, Any]] = {
+            "source": {"dsn": self.dsn, "slot": cdc_slot(prefix), "publication": capture.PUBLICATION,
                        "tables": [f"public.{TABLE}"]},
             "topic": {"bootstrap_servers": self.servers, "prefix": prefix, "partitions": PARTITIONS,
                       "client": "confluent"},
             "daemon": {"spill_dir": str(self.workdir / f"spill-{prefix}"), "log_level": "INFO"},
         }
-        lines = []
-        for name, values in sections.items():
-            lines.append(f"[{name}]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
-        path = self.workdir / f"{prefix}.toml"
-        path.write_text("\n".join(lines) + "\n")
-        return path
+        for name, values in self.cdc_settings.items():
+            sections[name] = {**sections.get(name, {}), **values}
+        return capture.write_toml(self.workdir / f"{prefix}.toml", sections)
 
     def cdc_start(self, prefix: str, verb: str) -> subprocess.Popen:
         argv = [sys.executable, "-m", "cdc", verb, "--config", str(self.cdc_config(prefix))]
@@ -286,7 +312,7 @@ class DebeziumBench:
     def cdc_snapshot(self, prefix: str) -> Measure:
         t0 = time.monotonic()
         proc = self.cdc_start(prefix, "snapshot")
-        measure = self.follow(proc.pid, t0, topic_name(prefix, "public", TABLE), 0, self.next_id - 1, proc)
+        measure = self.follow(proc.pid, t0, prefix, 0, self.next_id - 1, proc)
         self.procs.forget(proc)
         if proc.returncode != 0:
             raise capture.BenchError(f"cdc snapshot failed; see {self.workdir}/{prefix}-snapshot.log")
@@ -295,7 +321,7 @@ class DebeziumBench:
     def cdc_stream(self, prefix: str, initial: int, rows: int) -> Measure:
         t0 = time.monotonic()
         proc = self.cdc_start(prefix, "run")
-        measure = self.follow(proc.pid, t0, topic_name(prefix, "public", TABLE), initial, rows)
+        measure = self.follow(proc.pid, t0, prefix, initial, rows)
         self.procs.stop(proc)
         return measure
 
@@ -303,10 +329,10 @@ class DebeziumBench:
     def debezium_config(self, prefix: str) -> dict[str, str]:
         assert self.pg is not None
         return debezium_connector(
-            prefix, dsn_host="127.0.0.1", dsn_port=self.pg.port, dbname="postgres", prefix=prefix,
+            prefix, dsn_host="127.0.0.1", dsn_port=self.pg.port, dbname=self.dbname, prefix=prefix,
             tables=[f"public\\.{TABLE}"], schemas=False,
             extra={**DEBEZIUM_TUNING, "publication.name": capture.PUBLICATION,
-                   "publication.autocreate.mode": "disabled", "snapshot.mode": "initial"},
+                   "publication.autocreate.mode": "disabled", "snapshot.mode": "initial", **self.debezium_settings},
         )
 
     def debezium_run(self, prefix: str, initial: int, rows: int) -> Measure:
@@ -315,7 +341,7 @@ class DebeziumBench:
         assert self.connect is not None and self.connect.pid is not None
         t0 = time.monotonic()
         self.connect.add_connector(prefix, self.debezium_config(prefix))
-        measure = self.follow(self.connect.pid, t0, topic_name(prefix, "public", TABLE), initial, rows)
+        measure = self.follow(self.connect.pid, t0, prefix, initial, rows)
         self.connect.delete_connector(prefix)
         return measure
 
@@ -472,7 +498,7 @@ class DebeziumBench:
                         service.stop()
                     except Exception as exc:  # noqa: BLE001 (cleanup goes on)
                         print(f"stopping {service!r}: {exc}", file=sys.stderr)
-        if self.args.keep:
+        if self.args.keep or self.failed:
             print(f"kept {self.workdir}", file=sys.stderr)
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -503,9 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         print("command: " + shlex.join(["python", "bench/debezium.py", *(argv or sys.argv[1:])]))
         report = bench.report()
         print(report)
-        versions = {**figures.package_versions("psycopg", "confluent-kafka"),
-                    **figures.jvm_versions("kafka", "debezium-postgres"), **figures.postgres_version()}
-        figures.write("debezium", report, title="cdc against Debezium", versions=versions,
+        figures.write("debezium", report, title="cdc against Debezium", versions=versions(),
                       load_during=(min(bench.loads), max(bench.loads)) if bench.loads else None,
                       argv=["debezium.py", *(argv or sys.argv[1:])])
         return 0

@@ -86,6 +86,18 @@ while single-row updates are paced at 500/s (the broker's `LogAppendTime` minus 
 `source.ts_us`). Rates run from the first record to the last (start-up shown apart); CPU is
 that of each process group (cdc with its readers, Connect's JVM, the broker, PostgreSQL's
 backends), sampled from `/proc`."""),
+    Section("width", "Width: capture by table count", "width", """\
+`bench/width.py` (options `--tables 1,100,1000`, `--changes`, `--writers`, `--skip-warmup`,
+`--keep`) runs cdc and the Debezium connector as bench/debezium.py does (same tuning), each side
+in turn, over a new database of N tables (`id int PRIMARY KEY, v int, note text`) per table
+count, topics of one partition per table for both (Debezium's default and cdc's). Start-up: from
+launching `cdc run` without an initial snapshot (`[snapshot] mode = "never"`) or creating the
+connector (`snapshot.mode=no_data`) until its slot is active and every table's topic exists and
+holds a first row (Debezium creates a topic at its table's first record). Drain: with the
+pipeline stopped, pgbench writes single-row INSERT transactions round-robin over the tables; the
+pipeline starts again and is timed until its topics hold them all. CPU per change of each process
+group from `/proc`: cdc's daemon or Connect's JVM and the broker from the first record on,
+PostgreSQL over the whole drain. An unrecorded pass over one table warms both sides' JVMs first."""),
     Section("verify", "cdc verify", "verify", """\
 `bench/verify.py` (options `--rows`, `--stores`, `--client`, `--keep`) fills one table (int key,
 text, numeric(12,2), timestamptz, bool, int), captures it with `cdc run`, fills the stores with
