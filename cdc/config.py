@@ -324,10 +324,14 @@ class TopicConfig:
 
     def partitions_of(self, schema: str, table: str) -> int:
         """The partition count a new topic of the table gets."""
-        for pattern, count in table_partitions("[topic] table_partitions", self.table_partitions):
+        for pattern, count in self._table_partitions:
             if pattern.matches(schema, table):
                 return count
         return self.partitions
+
+    @functools.cached_property
+    def _table_partitions(self) -> list[tuple[TablePattern, int]]:
+        return table_partitions("[topic] table_partitions", self.table_partitions)
 
 
 @dataclass

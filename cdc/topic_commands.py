@@ -158,8 +158,8 @@ def reports(config: Config, admin: TopicAdmin) -> list[TopicReport]:
     prefix = config.topic.prefix
     infos = admin.describe(admin.topics_with_prefix(prefix))
     kinds = {name: kind_of(prefix, name) for name in infos}
-    tables = [n for n, k in kinds.items() if k == "table"]
-    lag = longest_sink_lag(config, {n: infos[n].partitions for n in tables})
+    tables = [infos[n] for n, k in kinds.items() if k == "table"]
+    lag = longest_sink_lag(config, {t.name: t.partitions for t in tables})
     rates = admin.write_rates(tables, RATE_WINDOW_S, RATE_MIN_SPAN_S)
     out = []
     for name, info in sorted(infos.items()):

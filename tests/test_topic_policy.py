@@ -182,3 +182,12 @@ def test_busy_tables_get_their_partitions_and_describe_names_a_table_that_would_
     done = cdc("topics", "ensure", "--config", str(config))
     assert done.returncode == 0, done.stderr
     assert f"advice: {other['topic']}: {advice}" in done.stdout.splitlines()
+
+    # the entries gone: the topics keep their counts, and the start says so in one line
+    daemon = start_streaming(config, tmp_path / "again.log", db.dsn, slot, env={"CDC_TOPIC_TABLE_PARTITIONS": ""})
+    assert daemon.stop() == 0
+    assert (
+        f"2 topics exist with other partition counts than the 1 a new one would get: {hot['topic']} (4), "
+        f"{warm['topic']} (2) ([topic] partitions and table_partitions apply to new topics only, see Choosing "
+        "partitions)"
+    ) in daemon.output()

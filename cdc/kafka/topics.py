@@ -204,12 +204,13 @@ class TopicAdmin:
                         "[topic] allow_non_compacted = true to use it anyway"
                     )
                 log.warning("topic %s is not compacted (cleanup.policy=%s), as allowed", info.name, info.cleanup_policy)
-            if info.partitions != partitions:
-                log.info(
-                    "topic %s exists with %d partitions (a new one would get %d: [topic] partitions and "
-                    "table_partitions apply to new topics only, see Choosing partitions)",
-                    info.name, info.partitions, partitions,
-                )
+        other = sorted(f"{i.name} ({i.partitions})" for i in infos.values() if i.partitions != partitions)
+        if other:  # one line: a wide schema's topics made under another default would be a line each
+            log.info(
+                "%d topics exist with other partition counts than the %d a new one would get: %s%s ([topic] "
+                "partitions and table_partitions apply to new topics only, see Choosing partitions)",
+                len(other), partitions, ", ".join(other[:5]), f" and {len(other) - 5} more" if len(other) > 5 else "",
+            )
         missing = [n for n in names if n not in infos]
         for start in range(0, len(missing), CREATE_AT_ONCE):
             self._create(missing[start:start + CREATE_AT_ONCE], partitions, log_only, retention_ms)
@@ -300,21 +301,20 @@ class TopicAdmin:
             out[tp.topic][tp.partition] = value.offset
         return out
 
-    def write_rates(self, names: list[str], window_s: float, min_span_s: float) -> dict[str, float]:
-        """Per topic, the records a second its busiest partition took over the last `window_s`:
-        the offsets since the first record written in the window, over the time since it (at
-        least `min_span_s`, so a short burst is not a rate). Offsets count every record,
-        also the ones compaction has removed since."""
+    def write_rates(self, infos: list[TopicInfo], window_s: float, min_span_s: float) -> dict[str, float]:
+        """Per topic (described), the records a second its busiest partition took over the last
+        `window_s`: the offsets since the first record written in the window, over the time
+        since it (at least `min_span_s`, so a short burst is not a rate). Offsets count every
+        record, also the ones compaction has removed since."""
         with self._broker_errors("list the topics' offsets"):
-            return self._write_rates(names, window_s, min_span_s)
+            return self._write_rates(infos, window_s, min_span_s)
 
-    def _write_rates(self, names: list[str], window_s: float, min_span_s: float) -> dict[str, float]:
+    def _write_rates(self, infos: list[TopicInfo], window_s: float, min_span_s: float) -> dict[str, float]:
         from kafka.admin import OffsetSpec
         from kafka.structs import TopicPartition
 
-        infos = self.describe(names)
-        parts = [TopicPartition(info.name, p) for info in infos.values() for p in range(info.partitions)]
-        rates = dict.fromkeys(infos, 0.0)
+        parts = [TopicPartition(info.name, p) for info in infos for p in range(info.partitions)]
+        rates = {info.name: 0.0 for info in infos}
         if not parts:
             return rates
         now_ms = int(time.time() * 1000)
