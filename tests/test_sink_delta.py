@@ -632,9 +632,12 @@ def test_a_batch_commits_once_per_table_it_touches_and_history_follows_by_its_ow
                 counts[f"{kind}/{table}"] = _commits(warehouse / kind / "public" / table)
         return counts
 
+    # a table's first batch makes it, rows and all, in one commit (the change log: made empty
+    # when the job starts, then one append)
+    before = commits()
+    assert before == {"changes": 2, **{f"{kind}/{t}": 1 for t in tables for kind in ("current", "history")}}
     # two of the five tables change, in several transactions: one batch of the job commits
     # once per table it touched and once to the change log; history once per table it touched
-    before = commits()
     for i in range(1, 6):
         db.execute(f"UPDATE public.t1 SET v = {i} WHERE id <= {4 * i}")
         db.execute(f"UPDATE public.t3 SET v = {i} WHERE id > {4 * i}")

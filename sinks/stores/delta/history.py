@@ -137,6 +137,10 @@ class HistoryStore(Warehouse):
         """One MERGE: it ends the current versions of the batch's keys and inserts the batch's
         new versions (those with a null `_merge_key`, which match nothing)."""
         path = table_path(self.root, "history", batch.topic)
+        if self._created_by(path, scd2.versions(batch.rows, batch.columns, batch.known), batch.columns, HISTORY_META,
+                            PARTITIONED_BY):
+            self._advance(path, batch.offsets)
+            return
         table = self._table(path, batch.columns, HISTORY_META, batch.display, PARTITIONED_BY)
         new = scd2.versions(batch.rows, batch.columns, batch.known).where(above(self._watermark(path)))
         source = scd2.first_changes(batch.rows).withColumn("_merge_key", F.col("_cdc_key")).unionByName(

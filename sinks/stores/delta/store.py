@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from delta.tables import DeltaTable
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -228,6 +228,33 @@ class Warehouse(TableStore):
         self._remember(path, table)
         return table
 
+    def _created_by(
+        self, path: str, rows: DataFrame, columns: dict[str, DataType], meta: StructType,
+        partitioned_by: str | None = None,
+    ) -> bool:
+        """A table not made yet is made by its first batch's rows, in one commit: a MERGE into an
+        empty table costs a commit to create it and a join against nothing (a first snapshot of
+        many tables pays that per table). False when the table exists, or needs column mapping
+        (`_table` creates it with that property first)."""
+        with self._lock:
+            if path in self._schemas:
+                return False
+        if needs_column_mapping(columns) or DeltaTable.isDeltaTable(self.spark, path):
+            return False
+        typed = rows.select(
+            *[F.col(q(n)).cast(t).alias(n) for n, t in columns.items()],
+            *[F.col(f.name).cast(f.dataType) for f in meta.fields],
+        )
+        # this job is the table's only writer: a table that appeared meanwhile is an error, not an append
+        writer = typed.write.format("delta").mode("errorifexists")
+        if partitioned_by is not None:
+            writer = writer.partitionBy(partitioned_by)
+        writer.save(path)
+        self._remember(path, DeltaTable.forPath(self.spark, path))
+        with self._lock:
+            self._watermarks[path] = {}  # what it held before these rows: `_advance` adds theirs
+        return True
+
     def _remember(self, path: str, table: DeltaTable) -> None:
         columns = {f.name: f.dataType for f in table.toDF().schema.fields}
         with self._lock:
@@ -320,6 +347,8 @@ class DeltaStore(Warehouse):
 
     def _current(self, batch: TableBatch) -> None:
         path = table_path(self.root, "current", batch.topic)
+        if self._created_by(path, batch.latest.where("NOT _cdc_delete"), batch.columns, _CURRENT_META):
+            return
         table = self._table(path, batch.columns, _CURRENT_META, batch.display)
         toasted = {n for n, t in batch.columns.items() if isinstance(t, (StringType, BinaryType, ArrayType))}
         values: dict[str, str | Column] = {
