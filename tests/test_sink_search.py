@@ -483,3 +483,48 @@ def test_a_layout_beyond_the_clusters_shard_limit_is_one_line_before_any_index_i
     finally:
         _ok(base, "PUT", "/_cluster/settings", {"persistent": {limit: None}})
     assert daemon.stop() == 0
+
+
+def test_the_indexes_of_many_new_tables_are_looked_up_in_two_requests_not_per_table(
+    opensearch: LocalOpenSearch, topic_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wide schema's first batch: the job learns which of its tables have indexes from the
+    prefix's aliases and mappings (two GETs), not from three GETs per table; then it makes an
+    index and a markers index per table, and a second batch of the same tables asks nothing."""
+    from sinks.stores.search import SearchConfig
+    from sinks.stores.search.opensearch import Client
+    from sinks.stores.search.store import SearchStore
+    from sinks.versions import ColumnShape, Registry, Version
+
+    base = opensearch.url
+    topics = [f"{topic_prefix}.public.t{i}" for i in range(12)]
+    registry = Registry(
+        Version("public", t.rsplit(".", 1)[1], t, 0, (ColumnShape("id", "int4", -1, True, {"type": "int32"}),))
+        for t in topics
+    )
+    # one of them has its index already, from an earlier run
+    _ok(base, "PUT", f"/{index_name(alias_name(topics[0]))}",
+        {"settings": {"index": {"number_of_replicas": 0}}, "aliases": {alias_name(topics[0]): {}},
+         "mappings": {"properties": {"_cdc_pos": {"type": "long"}}}})
+    store = SearchStore(SearchConfig(url=base, replicas=0, marker_ttl_s=60), topic_prefix)
+    store.open(resumed=False)
+    sent: list[str] = []
+    real = Client.request
+
+    def counted(self: Client, method: str, path: str, *args: Any, **kwargs: Any) -> tuple[int, Any]:
+        sent.append(f"{method} {path.split('?')[0]}")
+        return real(self, method, path, *args, **kwargs)
+
+    monkeypatch.setattr(Client, "request", counted)
+    store.prepare(topics, registry)
+    reads = [r for r in sent if r.startswith("GET ")]
+    # what the indexes are, then the shard room for the 22 to make
+    assert reads == [f"GET /{alias_name(topic_prefix)}.*/_mapping", f"GET /_alias/{alias_name(topic_prefix)}.*",
+                     "GET /_cluster/settings", "GET /_cluster/health"], sent
+    made = sorted(r.split(" /")[1] for r in sent if r.startswith("PUT ") and "/_mapping" not in r)
+    assert made == sorted([index_name(alias_name(t)) for t in topics[1:]] + [markers_name(alias_name(t)) for t in topics[1:]])
+    assert [r for r in sent if "/_mapping" in r and r.startswith("PUT ")] == [
+        f"PUT /{alias_name(topics[0])}/_mapping"]  # the earlier index gains the table's fields
+    sent.clear()
+    store.prepare(topics, registry)
+    assert sent == []

@@ -256,8 +256,8 @@ class SearchStore(RowStore):
             if record is None or not resumed:  # a new checkpoint: the indexes are filled from the earliest offsets
                 self.filled = set()
                 if self.settings.rebuild:
-                    self._drop_unfinished(client)
-                    readers = sorted(a for a in self._behind(client) if not a.endswith(REBUILD_SUFFIX))
+                    behind = self._drop_unfinished(client)  # the readers' aliases stay as they were
+                    readers = sorted(a for a in behind if not a.endswith(REBUILD_SUFFIX))
                     self._room_for(client, readers, len(readers), "a rebuild's new generation of")
             else:
                 self.filled = set(record.get("indexes", []))
@@ -309,23 +309,30 @@ class SearchStore(RowStore):
         return SearchWriter(self.settings, registry)
 
     def prepare(self, topics: list[str], registry: Registry) -> None:
+        """The batch's tables' indexes: those not seen yet are looked up in two requests (the
+        prefix's aliases and its indexes' mappings, not three requests per table), the room
+        for those to create is checked, then each is created or maps its new columns."""
         client = self._client()
         try:
-            new = [alias_name(t) for t in topics if self._unindexed(client, alias_name(t))]
-            markers = [] if self.settings.rebuild else [
-                a for a in new if client.ok("GET", f"/{path_of(markers_name(a))}/_settings", missing_ok=True) is None
-            ]
+            unseen = [alias_name(t) for t in topics if alias_name(t) not in self.mapped]
+            found = self._mappings(client) if unseen else {}
+            behind = self._behind(client) if unseen else {}
+            # per alias, what `GET /<target>/_mapping` answers: the mappings of the indexes behind
+            # it (or of an index of that very name), or None
+            answers = {a: {i: found[i] for i in [*behind.get(self.settings.target(a), []), self.settings.target(a)]
+                           if i in found} or None for a in unseen}
+            new = [a for a in unseen if answers[a] is None]
+            markers = [] if self.settings.rebuild else [a for a in new if markers_name(a) not in found]
             self._room_for(client, new, len(new) + len(markers), "the indexes of")
             for topic in topics:
-                self.ensure_index(client, topic, registry.versions(topic)[-1])
+                self.ensure_index(client, topic, registry.versions(topic)[-1], answers.get(alias_name(topic)))
         finally:
             client.close()
 
-    def _unindexed(self, client: Client, alias: str) -> bool:
-        """A table whose index `ensure_index` is about to create."""
-        if alias in self.mapped:
-            return False
-        return client.ok("GET", f"/{path_of(self.settings.target(alias))}/_mapping", missing_ok=True) is None
+    def _mappings(self, client: Client) -> dict[str, Any]:
+        """Every index of the prefix (hidden ones too) -> its mapping entry."""
+        path = f"/{path_of(alias_name(self.prefix))}.*/_mapping?expand_wildcards=all"
+        return client.ok("GET", path, missing_ok=True) or {}
 
     def _room_for(self, client: Client, aliases: list[str], indexes: int, what: str) -> None:
         """Refuse, in one line and before creating any, indexes the cluster's shard limit
@@ -369,9 +376,9 @@ class SearchStore(RowStore):
                 behind.setdefault(alias, []).append(index)
         return behind
 
-    def _drop_unfinished(self, client: Client) -> None:
+    def _drop_unfinished(self, client: Client) -> dict[str, list[str]]:
         """A new rebuild: the indexes an earlier one left unswapped go (an index it swapped
-        only loses the rebuild's alias)."""
+        only loses the rebuild's alias). The aliases as they were before (`_behind`)."""
         behind = self._behind(client)
         actions: list[dict[str, Any]] = []
         for alias, indexes in behind.items():
@@ -386,6 +393,7 @@ class SearchStore(RowStore):
                     log.info("%s: dropped %s, left by an unfinished rebuild", client.where, index)
         if actions:
             client.ok("POST", "/_aliases", {"actions": actions})
+        return behind
 
     def swap(self) -> list[tuple[str, list[str], str]]:
         """Point every alias this rebuild filled at its new index instead of the old ones, in
@@ -489,14 +497,14 @@ class SearchStore(RowStore):
             log.warning("%s: %d delete markers could not expire (they stay, and expiry is tried again at the next "
                         "start), the first: %s", client.where, len(failed), failed[0])
 
-    def ensure_index(self, client: Client, topic: str, version: Version) -> None:
+    def ensure_index(self, client: Client, topic: str, version: Version, answer: dict[str, Any] | None) -> None:
         """The table's index behind the alias the job writes through, and its markers;
-        fields of new columns added."""
+        fields of new columns added. `answer`: the mappings of the indexes behind that alias,
+        None when it has none (read by `prepare` for a table not mapped yet)."""
         alias = alias_name(topic)
         target = self.settings.target(alias)
         fields = mapping(version, self.flat)["properties"]
         if alias not in self.mapped:
-            answer = client.ok("GET", f"/{path_of(target)}/_mapping", missing_ok=True)
             if answer is None and alias in self.filled:
                 raise StoreLost(f"{client.where} lost the index behind {target}, which this job filled")
             self.filled.add(alias)
