@@ -133,7 +133,10 @@ class Client:
         if status == 404 and missing_ok:
             return None
         if status >= 300:
-            raise RuntimeError(f"{self.where}: {method} {path.split('?')[0]}: HTTP {status} {reason(answer)}")
+            shown = path.split("?")[0]
+            if len(shown) > 200:  # a request naming hundreds of indexes
+                shown = f"{shown[:200]}... ({len(shown):,} bytes)"
+            raise RuntimeError(f"{self.where}: {method} {shown}: HTTP {status} {reason(answer)}")
         return answer
 
     def close(self) -> None:
@@ -151,6 +154,24 @@ def reason(answer: Any) -> str:
 def path_of(name: str) -> str:
     """An index or alias name as a URL path segment."""
     return quote(name, safe="")
+
+
+#: OpenSearch refuses a request line over 4 KB (`http.max_initial_line_length`): a request that
+#: names many indexes is split to stay below this many bytes of names
+NAMES_BYTES = 3072
+
+
+def refresh(client: Client, names: list[str]) -> None:
+    """Make what was written to the indexes or aliases `names` searchable: one `_refresh` per
+    run of names that fits a request line (a batch of hundreds of tables names them all)."""
+    run: list[str] = []
+    for name in [path_of(n) for n in names]:
+        if run and sum(len(part) + 1 for part in run) + len(name) > NAMES_BYTES:
+            client.ok("POST", "/" + ",".join(run) + "/_refresh")
+            run = []
+        run.append(name)
+    if run:
+        client.ok("POST", "/" + ",".join(run) + "/_refresh")
 
 
 def check_reachable(config: SearchConfig) -> None:

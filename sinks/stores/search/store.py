@@ -40,6 +40,7 @@ from sinks.stores.search.opensearch import (
     create_index,
     path_of,
     reason,
+    refresh,
     scroll,
     shard_room,
     versioned,
@@ -358,14 +359,10 @@ class SearchStore(RowStore):
         if self.settings.refresh == "batch" and topics and not self.settings.rebuild:  # searchable at the commit
             client = self._client()
             try:
-                self.refresh(client, topics)
+                refresh(client, [alias_name(t) for t in topics])
             finally:
                 client.close()
 
-    @staticmethod
-    def refresh(client: Client, topics: list[str]) -> None:
-        """Make what was written to the tables' indexes searchable."""
-        client.ok("POST", "/" + ",".join(path_of(alias_name(t)) for t in topics) + "/_refresh")
 
     def _behind(self, client: Client) -> dict[str, list[str]]:
         """The prefix's aliases (the rebuild's hidden ones too) -> the indexes behind each."""
@@ -453,7 +450,7 @@ class SearchStore(RowStore):
             if actions:
                 client.ok("POST", "/_aliases", {"actions": actions})
             if self.filled:  # what the last pass wrote
-                client.ok("POST", "/" + ",".join(path_of(a) for a in sorted(self.filled)) + "/_refresh")
+                refresh(client, sorted(self.filled))
             client.request("DELETE", f"/{path_of(self.meta)}/_doc/{self.doc}")
         finally:
             client.close()
