@@ -106,7 +106,8 @@ from cdc.naming import topic_name
 PUBLICATION = "bench_sinks_pub"
 SLOT = "bench_sinks"
 PREFIX = "bsink"
-PARTITIONS = 3
+PARTITIONS = 3  # per topic, unless --partitions says otherwise
+SHARDS_PER_NODE = 5000  # the bench's OpenSearch node: room for 2,499 tables
 FRESH_TABLE = "zz_fresh"  # the markers of the freshness phase
 CHILD_MARK = "@@bench "  # a child's report lines on its stdout start with this
 
@@ -464,6 +465,10 @@ class SearchBench(StoreBench):
 
         if self.node is None:
             self.node = LocalOpenSearch(run_dir.parent / "opensearch", full_jit=True).start()
+            # each table takes an index and a delete markers' index: OpenSearch's default of 1,000
+            # shards per node holds 499 tables, and the job refuses more in one line (a wide run)
+            Endpoint(self.node.url).client().ok(
+                "PUT", "/_cluster/settings", {"persistent": {"cluster.max_shards_per_node": SHARDS_PER_NODE}})
         if run_dir not in self.run_dirs:  # a new run: a new store (the freshness phase reuses the last)
             self.run_dirs.add(run_dir)
             client = Endpoint(self.node.url).client()
@@ -507,7 +512,9 @@ class SearchBench(StoreBench):
 
         client = self._client(str(config_path))
         client.ok("POST", "/_refresh")
-        return {"rows": sum(client.ok("GET", f"/{alias_name(t)}/_count")["count"] for t in topics)}
+        # a table that got no rows has no index
+        return {"rows": sum((client.ok("GET", f"/{alias_name(t)}/_count", missing_ok=True) or {"count": 0})["count"]
+                            for t in topics)}
 
     def expected(self, bench: SinksBench) -> dict[str, Any]:
         return {"rows": bench.workload.inserts}
@@ -819,7 +826,7 @@ class SinksBench(Bench):
         sections: dict[str, dict[str, Any]] = {
             "source": {"dsn": self.dsn, "slot": SLOT, "publication": PUBLICATION,
                        "tables": [f"public.{t}" for t in [*self.tables, FRESH_TABLE]]},
-            "topic": {"bootstrap_servers": self.servers, "prefix": PREFIX, "partitions": PARTITIONS,
+            "topic": {"bootstrap_servers": self.servers, "prefix": PREFIX, "partitions": self.args.partitions,
                       "client": "confluent"},
             "snapshot": {"mode": "never"},  # the slot is made before the writes: stream it, read nothing else
             "daemon": {"spill_dir": str(self.workdir / "spill"), "log_level": "INFO"},
@@ -836,7 +843,9 @@ class SinksBench(Bench):
         return path
 
     def generate(self) -> None:
-        """N changes, 60 % inserts / 40 % updates, transactions of 100-1000 rows on one random table."""
+        """N changes, 60 % inserts / 40 % updates, transactions of 100-1000 rows on one random table.
+        A wide run (more tables than such transactions reach) first gives every table an even
+        share of half the changes, one transaction per table."""
         n = self.args.changes
         rng = random.Random(self.args.seed)
         w = self.workload
@@ -847,6 +856,15 @@ class SinksBench(Bench):
             conn.commit()
             t0 = time.monotonic()
             done = 0
+            if len(self.tables) * 100 > n:
+                each = max(1, n // (2 * len(self.tables)))
+                for table in self.tables:
+                    conn.execute(INSERT_ROWS.format(t=table), (1, each))
+                    conn.commit()
+                    inserted[table] = each
+                    done += each
+                    w.inserts += each
+                    w.transactions += 1
             while done < n:
                 table = rng.choice(self.tables)
                 size = min(rng.randint(100, 1000), n - done)
@@ -1289,7 +1307,7 @@ class SinksBench(Bench):
             f"Command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`, {time.strftime('%Y-%m-%d %H:%M %Z')}", "",
             f"Backlog: {w.inserts + w.updates:,} changes ({w.inserts:,} INSERT, {w.updates:,} UPDATE) in "
             f"{w.transactions:,} transactions over {len(self.tables)} tables (int key, text, numeric(12,2), timestamptz, "
-            f"bool, int), {(w.end_lsn - w.start_lsn) / 2**20:,.0f} MiB of WAL; {PARTITIONS} partitions per topic; "
+            f"bool, int), {(w.end_lsn - w.start_lsn) / 2**20:,.0f} MiB of WAL; {self.args.partitions} partitions per topic; "
             f"Spark local[2]{f', driver memory {a.driver_memory}' if a.driver_memory else ''}. Machine: "
             f"{os.cpu_count()} CPUs shared by PostgreSQL, the Kafka broker and Spark; 1-minute load average "
             f"{self.load_before[0]:.2f} before{during}{f', {after[0]:.2f} after' if after else ''}.", "",
@@ -1785,6 +1803,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--changes", type=int, default=1_000_000, help="backlog of changes (default 1000000)")
     parser.add_argument("--tables", type=int, default=4, help="backlog tables (default 4)")
+    parser.add_argument("--partitions", type=int, default=PARTITIONS,
+                        help=f"partitions per topic (default {PARTITIONS}; cdc's own default is 1)")
     parser.add_argument("--max-offsets", default="200000,1000000",
                         help="comma-separated [spark] max_offsets_per_trigger values: a ceiling and an apply run each")
     parser.add_argument("--stores", default="delta,search,cache", help=f"comma-separated stores: {', '.join(STORES)}")
