@@ -1,11 +1,12 @@
 """The Delta warehouse: `current/<schema>/<table>`, one change log `changes/` for the whole
 prefix, and `history/<schema>/<table>`, with delta-spark.
 
-A micro-batch makes one commit per table whose records it read (`current`: a MERGE by key)
-and one for the whole batch (`changes`: every table's records appended to one Delta table,
-partitioned by `_cdc_topic`); a table's first batch makes the table with its rows. `history/` is kept from that log by a streaming query of its
-own (sinks.stores.delta.history): the current state never waits for history's MERGEs, and history
-commits once per table per batch of its own, which gathers many of the job's. A Delta
+A micro-batch makes one commit per table whose records it read (`current`: a MERGE by key;
+a table's first batch makes the table with its rows) and one for the whole batch (`changes`:
+every table's records appended to one Delta table, partitioned by `_cdc_topic`). `history/`
+is kept from that log by a streaming query of its own (sinks.stores.delta.history): the
+current state never waits for history's MERGEs, and history commits once per table per batch
+of its own, which gathers many of the job's. A Delta
 commit through Spark costs about a CPU-second whatever it holds, so the commits, not the
 rows, set a batch's cost.
 

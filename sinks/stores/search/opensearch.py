@@ -165,11 +165,13 @@ def refresh(client: Client, names: list[str]) -> None:
     """Make what was written to the indexes or aliases `names` searchable: one `_refresh` per
     run of names that fits a request line (a batch of hundreds of tables names them all)."""
     run: list[str] = []
+    size = 0  # of ",".join(run)
     for name in [path_of(n) for n in names]:
-        if run and sum(len(part) + 1 for part in run) + len(name) > NAMES_BYTES:
+        if run and size + 1 + len(name) > NAMES_BYTES:
             client.ok("POST", "/" + ",".join(run) + "/_refresh")
-            run = []
+            run, size = [], -1
         run.append(name)
+        size += 1 + len(name)
     if run:
         client.ok("POST", "/" + ",".join(run) + "/_refresh")
 

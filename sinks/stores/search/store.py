@@ -363,7 +363,6 @@ class SearchStore(RowStore):
             finally:
                 client.close()
 
-
     def _behind(self, client: Client) -> dict[str, list[str]]:
         """The prefix's aliases (the rebuild's hidden ones too) -> the indexes behind each."""
         path = f"/_alias/{path_of(alias_name(self.prefix))}.*?expand_wildcards=all"
