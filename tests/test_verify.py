@@ -186,11 +186,11 @@ def test_the_warehouse_hashes_in_spark_sql_as_in_python(stack: Stack) -> None:
     assert in_spark == in_python and sum(n for n, _ in in_spark.values()) == 3
     assert side._hashed(wide) is None  # floats: the executors' Python
     # delta-rs reads the table Spark wrote as Spark does, on every column of the wide table
-    from sinks.stores.delta.read import DeltaRsReader, DeltaRsSide
+    from sinks.stores.delta.read import DeltaRs, DeltaRsSide
 
     frame, kinds = side._frame(wide)  # type: ignore[misc]
     spark_python = dict(frame.rdd.mapPartitions(_Rows(wide.columns, kinds, wide.bits)).reduceByKey(_merge).collect())
-    reader = DeltaRsReader()
+    reader = DeltaRs()
     try:
         direct = DeltaRsSide(reader, stack.config.delta.path)
         assert direct.digest(wide) == spark_python

@@ -218,7 +218,7 @@ def test_spark_reads_what_delta_rs_cannot_or_is_told_not_to(warehouse: tuple[str
     def unreadable(*_: Any) -> Any:
         raise ReaderError("DeltaProtocolError: unsupported reader features")
 
-    monkeypatch.setattr(read_delta_rs.DeltaRsReader, "batches", unreadable)
+    monkeypatch.setattr(read_delta_rs.DeltaRs, "batches", unreadable)
     falls_back = WarehouseSide(root, "auto", lambda: "session")
     try:
         assert (falls_back.digest(spec), falls_back.how(spec)) == ({0: (99, 0)}, "spark")

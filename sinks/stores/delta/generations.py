@@ -48,8 +48,8 @@ LIVE_PASS_S = 300.0  # how long a switch waits for a running live job to get pas
 class CurrentOnly(DeltaStore):
     """A Delta store that writes `current/` alone, under the rebuild's folder."""
 
-    def __init__(self, spark: SparkSession, root: str) -> None:
-        super().__init__(spark, root, NAME)
+    def __init__(self, spark: SparkSession, root: str, small_merge_rows: int) -> None:
+        super().__init__(spark, root, NAME, small_merge_rows)
         self.record = hadoop.under(root, f"{NAME}.json")
         self.handover = None  # the rebuild does not pause for itself
 
@@ -76,7 +76,7 @@ class Rebuild:
 
     def store(self, swapped: bool) -> CurrentOnly:
         assert not swapped, "the Delta rebuild has no pass after its switch"
-        return CurrentOnly(self.spark, self.root)
+        return CurrentOnly(self.spark, self.root, self.config.delta.small_merge_rows)
 
     def swapped(self) -> bool:
         return hadoop.read_bytes(self.spark, self.marker) is not None
@@ -145,7 +145,7 @@ class Rebuild:
                     end.setdefault(topic, {})[part] = offset
         if not end:
             return
-        job = SinkJob(self.spark, self.config, CurrentOnly(self.spark, self.root))  # one batch: a stop waits for it
+        job = SinkJob(self.spark, self.config, self.store(swapped=False))  # one batch: a stop waits for it
         try:
             job.begin(mine)
             job(read_range(self.spark, self.config.topic, start, end), 0 if committed is None else committed + 1)

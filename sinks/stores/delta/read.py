@@ -11,22 +11,15 @@ as Arrow batches, dates and timestamps as numbers (exact over any range, as Spar
 takes them), and go through the same conversion to the event's form as on Spark's executors
 (sinks.stores.delta.read_spark.event_value), so both readers give the same hashes.
 
-delta-rs runs in a child process that ends with os._exit: a process that read a table with it
-can abort at exit. The child is Spark-free and lives as long as the side (a warm table reads
-only the log's new commits).
+delta-rs runs in a child process (sinks.stores.delta.rs) that lives as long as the side.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import struct
-import subprocess
-import sys
-import tempfile
 import threading
-from collections.abc import Callable, Generator, Iterator
-from typing import IO, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,7 +29,8 @@ from cdc.config import Config, ConfigError
 from compaction.canonical import row_values
 from compaction.verify import Digest, Found, Side, TableSpec, digest_of, hashes_of
 from sinks.stores.delta.read_spark import event_value
-from sinks.stores.delta.store import end_child, table_path
+from sinks.stores.delta.rs import DeltaRs, ReaderError, remote
+from sinks.stores.delta.store import table_path
 
 log = logging.getLogger(__name__)
 
@@ -44,136 +38,6 @@ DIRECT_BYTES = 64 * 2**20  # `auto`: delta-rs up to this many bytes of a table's
 READABLE_FEATURES = frozenset({"timestampNtz"})  # reader features delta-rs reads right (the sinks write this one)
 _POSITION = ("_cdc_key", "_cdc_lsn", "_cdc_seq")
 _YEAR_1, _YEAR_9999 = -62135596800000000, 253402300799999999  # µs from the epoch, first and last
-
-# One request a line (JSON); each answer is frames (kind, length, bytes) ending with a "." frame:
-# "j" a JSON object, "a" an Arrow IPC stream of one batch, "!" an error.
-_CHILD = r"""
-import json, os, struct, sys
-out = sys.stdout.buffer
-def frame(kind, data=b""):
-    out.write(struct.pack("!cQ", kind, len(data)) + data)
-try:
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-    from deltalake import DeltaTable
-    broken = None
-except ImportError as exc:
-    broken = f"delta-rs cannot be loaded ({exc}): pip install 'deltalake[pyarrow]'"
-tables = {}
-try:
-    for line in sys.stdin:
-        ask = json.loads(line)
-        try:
-            if broken:
-                raise RuntimeError(broken)
-            path = ask["path"]
-            table = tables.get(path)
-            if table is not None:
-                table.update_incremental()
-            elif DeltaTable.is_deltatable(path):
-                table = tables[path] = DeltaTable(path)
-            if ask["op"] == "describe":
-                facts = {"table": table is not None}
-                if table is not None:
-                    protocol = table.protocol()
-                    files = pa.table(table.get_add_actions(flatten=True))
-                    rows = files.column("num_records").to_pylist() if "num_records" in files.column_names else [None]
-                    facts.update(
-                        reader_version=protocol.min_reader_version,
-                        reader_features=list(protocol.reader_features or []),
-                        column_mapping=table.metadata().configuration.get("delta.columnMapping.mode", "none"),
-                        bytes=sum(files.column("size_bytes").to_pylist()),
-                        rows=None if None in rows else sum(rows),
-                    )
-                frame(b"j", json.dumps(facts).encode())
-            elif table is not None:
-                options = ds.ParquetReadOptions(coerce_int96_timestamp_unit="us")  # Spark writes INT96
-                dataset = table.to_pyarrow_dataset(parquet_read_options=options)
-                names = [c for c in ask["columns"] if c in dataset.schema.names]
-                keys = ask.get("keys")
-                where = None if keys is None else ds.field("_cdc_key").isin(keys)
-                for batch in dataset.to_batches(columns=names, filter=where):
-                    sink = pa.BufferOutputStream()
-                    with pa.ipc.new_stream(sink, batch.schema) as writer:
-                        writer.write_batch(batch)
-                    frame(b"a", sink.getvalue().to_pybytes())
-        except Exception as exc:
-            frame(b"!", f"{type(exc).__name__}: {exc}".encode())
-        frame(b".")
-        out.flush()
-finally:
-    os._exit(0)
-"""
-
-
-class ReaderError(RuntimeError):
-    """delta-rs could not read a table (the side falls back to Spark for it)."""
-
-
-class DeltaRsReader:
-    """delta-rs in a child process, one request at a time."""
-
-    def __init__(self) -> None:
-        self._errors: IO[bytes] = tempfile.TemporaryFile()
-        self.child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=self._errors)
-        self._lock = threading.Lock()
-
-    def _frames(self, request: dict[str, Any]) -> Generator[tuple[bytes, bytes], None, None]:
-        """The answer's frames; read to its end even when the caller stops early (the next
-        answer starts after it). Hold the lock while iterating."""
-        assert self.child.stdin is not None and self.child.stdout is not None
-        try:
-            self.child.stdin.write(json.dumps(request).encode() + b"\n")
-            self.child.stdin.flush()
-        except OSError as exc:  # it ended (its reason is read below)
-            log.debug("the delta-rs reader took no request: %s", exc)
-        done = False
-        try:
-            while not done:
-                head = self.child.stdout.read(9)
-                if len(head) < 9:
-                    done = True
-                    self._errors.seek(0)
-                    tail = self._errors.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-                    raise ReaderError(f"the delta-rs reader ended: {tail[0]}")
-                kind, size = struct.unpack("!cQ", head)
-                data = self.child.stdout.read(size)
-                done = kind == b"."
-                if not done:
-                    yield kind, data
-        finally:
-            while not done:  # the caller stopped early
-                kind, size = struct.unpack("!cQ", self.child.stdout.read(9))
-                self.child.stdout.read(size)
-                done = kind == b"."
-
-    def describe(self, path: str) -> dict[str, Any]:
-        """What the table's log says: whether it exists, its protocol, its data files' bytes and rows."""
-        with self._lock:
-            frames = list(self._frames({"op": "describe", "path": path}))
-        for kind, data in frames:
-            if kind == b"!":
-                raise ReaderError(data.decode(errors="replace"))
-        return dict(json.loads(frames[-1][1])) if frames else {}
-
-    def batches(self, path: str, columns: list[str], keys: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-        """The table's rows (of these columns, those it has; of these keys) as they arrive, dates
-        and timestamps as numbers (none when there is no table)."""
-        with self._lock:
-            frames = self._frames({"op": "read", "path": path, "columns": columns, "keys": keys})
-            try:
-                for kind, data in frames:
-                    if kind == b"!":
-                        raise ReaderError(data.decode(errors="replace"))
-                    yield _numbers(pa.ipc.open_stream(data).read_next_batch())
-            finally:
-                frames.close()
-
-    def close(self) -> None:
-        end_child(self.child)
-        self._errors.close()
-
 
 def _as_number(kind: pa.DataType) -> pa.DataType:
     """Dates as epoch days, timestamps as epoch µs (the wall time for those without a zone), in
@@ -237,7 +101,7 @@ class DeltaRsSide:
 
     name = "delta"
 
-    def __init__(self, reader: DeltaRsReader, root: str) -> None:
+    def __init__(self, reader: DeltaRs, root: str) -> None:
         self.reader, self.root = reader, root
 
     def _rows(self, table: TableSpec, keys: list[bytes] | None = None) -> Iterator[tuple[bytes, tuple[list[Any], Position]]]:
@@ -246,7 +110,8 @@ class DeltaRsSide:
         path = table_path(self.root, "current", table.topic)
         wanted = [*_POSITION, *(c.name for c in table.columns)]
         names = [c.name for c in table.columns]
-        for batch in self.reader.batches(path, wanted, None if keys is None else [k.decode() for k in keys]):
+        for raw in self.reader.batches(path, wanted, None if keys is None else [k.decode() for k in keys]):
+            batch = _numbers(raw)
             held = set(batch.schema.names)
             columns: list[list[Any]] = []
             for c in table.columns:
@@ -276,10 +141,10 @@ class DeltaRsSide:
 
 def choose(reader: str, root: str, facts: dict[str, Any]) -> str | None:
     """Why Spark reads this table (None: delta-rs does), from `[delta] verify_reader` and the
-    table's log (`DeltaRsReader.describe`)."""
+    table's log (`DeltaRs.describe`)."""
     if reader == "spark":
         return "[delta] verify_reader = spark"
-    if "://" in root and not root.startswith("file:"):
+    if remote(root):
         return "a remote warehouse (its credentials are Spark's)"
     if not facts.get("table"):
         return None  # no table yet: nothing to read
@@ -302,7 +167,7 @@ class WarehouseSide:
 
     def __init__(self, root: str, reader: str, spark: Callable[[], Any]) -> None:
         self.root, self.reader, self._spark = root, reader, spark
-        self._rs: DeltaRsReader | None = None
+        self._rs: DeltaRs | None = None
         self._in_spark: Side | None = None
         self._chosen: dict[str, str] = {}  # topic -> "delta-rs" or "spark"
         self._lock = threading.Lock()
@@ -310,10 +175,10 @@ class WarehouseSide:
     def how(self, table: TableSpec) -> str | None:
         return self._chosen.get(table.topic)
 
-    def _direct(self) -> DeltaRsReader:
+    def _direct(self) -> DeltaRs:
         with self._lock:
             if self._rs is None:
-                self._rs = DeltaRsReader()
+                self._rs = DeltaRs()
             return self._rs
 
     def _spark_side(self, table: TableSpec, why: str | None) -> Side:

@@ -8,7 +8,8 @@ is kept from that log by a streaming query of its own (sinks.stores.delta.histor
 current state never waits for history's MERGEs, and history commits once per table per batch
 of its own, which gathers many of the job's. A Delta
 commit through Spark costs about a CPU-second whatever it holds, so the commits, not the
-rows, set a batch's cost.
+rows, set a batch's cost: a table's small batch ([delta] small_merge_rows) is MERGEd by
+delta-rs from the driver instead (sinks.stores.delta.rs), a tenth of that.
 
 Exactly once per micro-batch, also across a crash between two commits, and also when the
 checkpoint is deleted and the topics are replayed:
@@ -62,6 +63,7 @@ from sinks.batch import UNAVAILABLE, TableBatch, TypeConflict
 from sinks.envelope import CHANGE_COLUMNS
 from sinks.handover import LiveSide
 from sinks.store import SinkStopped, TableStore, Truncate
+from sinks.stores.delta.rs import Clause, DeltaRs, ReaderError, remote
 
 if TYPE_CHECKING:
     from sinks.query import StopSignal
@@ -73,6 +75,8 @@ KINDS = ("current", "changes", "history")
 MOVED_ASIDE = "_cdc/changes-per-table"
 #: a change log append of fewer records is written by one task (a file per table)
 SMALL_BATCH = 100_000
+#: a table's batch of at most this many records is MERGEd into `current` by delta-rs ([delta] small_merge_rows)
+SMALL_MERGE_ROWS = 10_000
 #: a table is compacted (OPTIMIZE's bin-packing) after this many of the job's commits to it:
 #: each batch adds small files, and a MERGE or a scan pays per file
 COMPACT_EVERY = 50
@@ -132,6 +136,38 @@ def table_path(root: str, kind: str, topic: str) -> str:
     """`<root>/<kind>/<schema>/<table>` with the topic's escaped names (its last two parts)."""
     schema, table = topic.rsplit(".", 2)[-2:]
     return hadoop.under(root, f"{kind}/{schema}/{table}")
+
+
+def _dq(name: str) -> str:
+    """A column name quoted for delta-rs's (DataFusion's) SQL."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def rs_clauses(columns: list[str], toasted: set[str]) -> list[Clause]:
+    """`current`'s MERGE (DeltaStore._current) in delta-rs's SQL: the same position guards,
+    deletes and unchanged TOASTed values."""
+    s = {n: f"s.{_dq(n)}" for n in [*columns, *_CURRENT_META.names, "_cdc_delete", UNAVAILABLE]}
+    t = {n: f"t.{_dq(n)}" for n in [*columns, *_CURRENT_META.names]}
+    newer = (f"({s['_cdc_lsn']} > {t['_cdc_lsn']} OR ({s['_cdc_lsn']} = {t['_cdc_lsn']} "
+             f"AND {s['_cdc_seq']} > {t['_cdc_seq']}))")
+    lone = (f"{s['_cdc_lsn']} IS NULL AND {s['_cdc_partition']} = {t['_cdc_partition']} "
+            f"AND {s['_cdc_offset']} > {t['_cdc_offset']}")
+    literal = {n: "'" + n.replace("'", "''") + "'" for n in toasted}
+    kept = {n: f"CASE WHEN array_has({s[UNAVAILABLE]}, {literal[n]}) THEN {t[n]} ELSE {s[n]} END" for n in toasted}
+    meta = {_dq(n): s[n] for n in _CURRENT_META.names}
+    return [
+        ("delete", f"{s['_cdc_delete']} AND ({newer} OR ({lone}))", None),
+        ("update", f"NOT {s['_cdc_delete']} AND {newer}", {_dq(n): kept.get(n, s[n]) for n in columns} | meta),
+        ("insert", f"NOT {s['_cdc_delete']}", {_dq(n): s[n] for n in columns} | meta),
+    ]
+
+
+def _holds_zoned_time(kind: DataType) -> bool:
+    while isinstance(kind, ArrayType):
+        kind = kind.elementType
+    if isinstance(kind, StructType):
+        return any(_holds_zoned_time(f.dataType) for f in kind.fields)
+    return isinstance(kind, TimestampType)
 
 
 def _newer(s: str = "s", t: str = "t") -> str:
@@ -311,11 +347,16 @@ class DeltaStore(Warehouse):
     """The job's writes: every table's `current` of a micro-batch, then the batch's records in
     the change log, in one append."""
 
-    def __init__(self, spark: SparkSession, root: str, name: str = "delta") -> None:
+    def __init__(self, spark: SparkSession, root: str, name: str = "delta",
+                 small_merge_rows: int = SMALL_MERGE_ROWS) -> None:
         super().__init__(spark, root, name)
         self.handover: LiveSide | None = LiveSide(spark, root, name)
         self.log = log_path(root)
         self._log_marks: dict[str, dict[int, int]] | None = None  # topic -> partition -> offset
+        # delta-rs reads and writes local tables only (a remote warehouse's credentials are Spark's)
+        self.small_merge_rows = 0 if remote(root) else small_merge_rows
+        self._rs: DeltaRs | None = None
+        self._spark_merges: dict[str, str] = {}  # table path -> why Spark, not delta-rs, merges it
 
     def open(self, resumed: bool) -> None:
         check_layout(self.spark, self.root)
@@ -331,6 +372,11 @@ class DeltaStore(Warehouse):
             for path in [p for p in self._schemas if "/current/" in p]:
                 del self._schemas[path]
         log.info("%s: current/ cleared", self.where)
+
+    def close(self) -> None:
+        if self._rs is not None:
+            self._rs.close()
+            self._rs = None
 
     def truncate(self, topic: str, truncate: Truncate) -> None:
         path = table_path(self.root, "current", topic)
@@ -352,6 +398,8 @@ class DeltaStore(Warehouse):
             return
         table = self._table(path, batch.columns, _CURRENT_META, batch.display)
         toasted = {n for n, t in batch.columns.items() if isinstance(t, (StringType, BinaryType, ArrayType))}
+        if self._merged_by_delta_rs(path, batch, toasted):
+            return
         values: dict[str, str | Column] = {
             q(n): (f"CASE WHEN array_contains(s.{UNAVAILABLE}, {_sql_string(n)}) THEN t.{q(n)} ELSE s.{q(n)} END"
                    if n in toasted else f"s.{q(n)}")
@@ -369,6 +417,47 @@ class DeltaStore(Warehouse):
             .whenNotMatchedInsert(condition="NOT s._cdc_delete", values=inserts)
             .execute()
         )
+
+    def _merged_by_delta_rs(self, path: str, batch: TableBatch, toasted: set[str]) -> bool:
+        """A small batch MERGEd by delta-rs from the driver, with the same conditions as Spark's
+        MERGE, in one commit: a Spark MERGE plans a dozen jobs whatever it holds (about a
+        CPU-second), delta-rs does the same in a tenth of that (bench/delta_commit.py), which
+        sets the cost of a batch that touches many tables. False: Spark merges it (a bigger
+        batch, or a table delta-rs does not write, from then on)."""
+        if batch.records > self.small_merge_rows or path in self._spark_merges:
+            return False
+        zoned = [n for n, t in batch.columns.items() if _holds_zoned_time(t)]
+        if zoned:
+            # Spark writes these as INT96, which delta-rs reads as nanoseconds: a value beyond
+            # years 1677-2262 in a file it rewrote would come back changed
+            return self._merged_by_spark(path, f"column {zoned[0]} is a timestamp with time zone")
+        # what the clauses read; a table without TOASTable columns has an array of nulls, which Arrow lacks
+        source = batch.latest.select(*[q(n) for n in batch.columns], *_CURRENT_META.names, "_cdc_delete",
+                                     F.col(UNAVAILABLE).cast(ArrayType(StringType())).alias(UNAVAILABLE))
+        try:
+            declined = self._delta_rs().merge(path, source.toArrow(), f"t.{_dq('_cdc_key')} = s.{_dq('_cdc_key')}",
+                                              rs_clauses(list(batch.columns), toasted))
+        except ReaderError as exc:  # nothing committed, or all of it: Spark's MERGE then changes nothing
+            log.warning("%s: delta-rs failed to merge a batch (%s); Spark merges it", path, exc)
+            declined = str(exc)
+            with self._lock:
+                if self._rs is not None and self._rs.child.poll() is not None:  # the child ended: a new one next time
+                    self._rs.close()
+                    self._rs = None
+        return True if declined is None else self._merged_by_spark(path, declined)
+
+    def _merged_by_spark(self, path: str, why: str) -> bool:
+        """Spark merges this table from now on (logged once): False."""
+        with self._lock:
+            self._spark_merges[path] = why
+        log.info("%s: Spark merges its batches: %s", path, why)
+        return False
+
+    def _delta_rs(self) -> DeltaRs:
+        with self._lock:
+            if self._rs is None:
+                self._rs = DeltaRs()
+            return self._rs
 
     def after_tables(self, batches: list[TableBatch], batch_id: int, lineage: str | None) -> None:
         """Every table's records of the batch in the change log, one append; above the log's
@@ -503,7 +592,7 @@ def check(config: Config) -> None:
 
 
 def build(spark: SparkSession, config: Config) -> DeltaStore:
-    return DeltaStore(spark, config.delta.path)
+    return DeltaStore(spark, config.delta.path, small_merge_rows=config.delta.small_merge_rows)
 
 
 def rebuild(config: Config, stop: StopSignal) -> list[str]:
@@ -601,23 +690,9 @@ class _Rows:
         return out
 
     def close(self) -> None:
+        from sinks.stores.delta.rs import end_child
+
         end_child(self.child)
-
-
-def end_child(child: Any) -> None:
-    """A reading child (a subprocess.Popen) let go: its input closed, it ends, or is killed
-    after 10 s; its output closed."""
-    import subprocess
-
-    if child.stdin is not None:
-        child.stdin.close()
-    try:
-        child.wait(10)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
-    if child.stdout is not None:
-        child.stdout.close()
 
 
 def counter(config: Config) -> _Rows:
