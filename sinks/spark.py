@@ -46,6 +46,10 @@ def session_conf(app_name: str, master: str = DEFAULT_MASTER) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",  # timestamp (without time zone) columns keep their wall time
+        # zoned timestamps as Parquet's INT64 µs, not Spark's INT96 (which other readers, delta-rs
+        # among them, take as nanoseconds, wrong beyond years 1677-2262): the Delta sink's files
+        # are read and rewritten by delta-rs too (sinks.stores.delta.rs)
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.shuffle.partitions": "2",  # the default 200 costs seconds per micro-batch on 2 cores
         # Delta rebuilds a table's file list for every MERGE/UPDATE/DELETE in this many tasks (50
         # by default): on a few cores that is most of a small batch's time

@@ -718,9 +718,11 @@ def test_small_batches_are_merged_by_delta_rs_with_spark_for_what_it_does_not_wr
 ) -> None:
     for sql in SEED:
         db.execute(sql)
-    # every type of the wide table but a timestamp with time zone, and a value kept out of line
-    # (TOAST) that the updates below leave unchanged: their events lack it
-    db.execute("ALTER TABLE public.wide DROP COLUMN tsz")
+    # every type of the wide table, timestamps at the ends of their range beside the rows the
+    # batches rewrite, and a value kept out of line (TOAST) that the updates leave unchanged
+    db.execute("INSERT INTO public.wide (id, t, ts, tsz) VALUES (7, 'first', '0001-01-01 00:00:00', "
+               "'0001-01-01 00:00:00+00'), (8, 'last', '9999-12-31 23:59:59.999999', "
+               "'9999-12-31 23:59:59.999999+00'), (9, 'endless', 'infinity', 'infinity')")
     db.execute("ALTER TABLE public.wide ADD COLUMN big text")
     db.execute("ALTER TABLE public.wide ALTER COLUMN big SET STORAGE EXTERNAL")
     db.execute("UPDATE public.wide SET big = repeat(md5(id::text), 200)")
@@ -733,6 +735,14 @@ def test_small_batches_are_merged_by_delta_rs_with_spark_for_what_it_does_not_wr
     current = warehouse / "current" / "public"
     wait_caught_up(db.dsn, slot, daemon)
     sink.once()  # the snapshot makes each table in one write (Spark)
+    # `zoned` as a warehouse written before the job's Spark wrote timestamps as INT64 µs: INT96,
+    # which delta-rs would read as nanoseconds
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "INT96")
+    try:
+        old = spark.read.format("delta").load(str(current / "zoned")).localCheckpoint()
+        old.write.format("delta").mode("overwrite").save(str(current / "zoned"))
+    finally:
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
 
     for sql in CHANGES:
         db.execute(sql)
@@ -747,20 +757,21 @@ def test_small_batches_are_merged_by_delta_rs_with_spark_for_what_it_does_not_wr
     def big() -> dict[int, Any]:
         return {r["id"]: r["big"] for r in _table(spark, warehouse, "current").select("id", "big").collect()}
 
-    assert _current_view(spark, warehouse, zoned=False) == _source_view(db, zoned=False)
+    assert _current_view(spark, warehouse) == _source_view(db)
     assert big() == dict(db.fetchall("SELECT id, big FROM public.wide"))
     zoned = _table(spark, warehouse, "current", "zoned").selectExpr("id", "unix_micros(at) AS at").collect()
     assert sorted(tuple(r) for r in zoned) == db.fetchall(  # 'infinity' as Debezium's largest instant
         "SELECT id, CASE WHEN at = 'infinity' THEN 9223372036825200000 ELSE (extract(epoch FROM at) * 1000000)::bigint "
         "END FROM public.zoned ORDER BY id")
-    # delta-rs merged the small batches; Spark made the tables and merges what delta-rs does not
-    # write right: a Spark INT96 timestamp beyond its nanoseconds, column mapping
+    # delta-rs merged the small batches, timestamps at the ends of their range included; Spark made
+    # the tables and merges what delta-rs does not write right: column mapping, INT96 timestamps
     assert _writers(current / "wide") == ["spark", "spark", "delta-rs", "delta-rs"]  # made, ADD COLUMN, 2 batches
-    assert _writers(current / "zoned") == ["spark", "spark"]
+    assert _writers(current / "zoned") == ["spark", "spark", "spark"]  # made, made old, merged
     assert _writers(current / "Odd-20Name")[1:] == ["spark"] * (len(_writers(current / "Odd-20Name")) - 1)
     log = (tmp_path / "sink.log").read_text()
-    assert "Spark merges its batches: column at is a timestamp with time zone" in log
     assert "Spark merges its batches: table features delta-rs does not write: columnMapping" in log
+    assert ("zoned: Spark merges its batches: column at has data files with Spark's INT96 timestamps, which "
+            "delta-rs rewrites wrong beyond years 1677-2262 (until the table's next compaction rewrites them)") in log
 
     # a batch of more records than [delta] small_merge_rows: Spark's MERGE, on the executors
     config = _config(tmp_path, db, broker_servers, topic_prefix, delta={"small_merge_rows": 2})
@@ -768,7 +779,7 @@ def test_small_batches_are_merged_by_delta_rs_with_spark_for_what_it_does_not_wr
     wait_caught_up(db.dsn, slot, daemon)
     sink.once()
     assert _writers(current / "wide")[-1] == "spark"
-    assert _current_view(spark, warehouse, zoned=False) == _source_view(db, zoned=False)
+    assert _current_view(spark, warehouse) == _source_view(db)
     assert big() == dict(db.fetchall("SELECT id, big FROM public.wide"))
     daemon.stop()
 

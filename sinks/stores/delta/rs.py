@@ -6,8 +6,11 @@ quirks), so no cdc process loads it: a Spark-free child does, and ends with os._
 as long as its user (a warm table reads only the log's new commits).
 
 delta-rs writes only some of Delta's features. The child merges into a table only when its
-protocol is one delta-rs writes right (WRITABLE_FEATURES, no column mapping) and answers
-"declined" with the reason otherwise; Spark then merges that table.
+protocol is one delta-rs writes right (WRITABLE_FEATURES, no column mapping) and none of its
+data files holds a timestamp as Spark's INT96, which delta-rs reads as nanoseconds (a value
+beyond years 1677-2262 in a file it rewrote would come back changed; the sink's Spark writes
+INT64 µs, sinks.spark); it answers "declined" with the reason otherwise, and Spark merges
+that table.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ log = logging.getLogger(__name__)
 #: table features of a table delta-rs merges into (the first two: what a legacy writer version 2
 #: implies; timestampNtz: what a `timestamp without time zone` column brings)
 WRITABLE_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz"})
+#: INT96 columns a table's older files (Spark's timestamps before sinks.spark wrote INT64) may
+#: have that delta-rs reads right all the same: commit times, well inside years 1677-2262
+SAFE_INT96 = frozenset({"_cdc_ts"})
 
 # One request a line (JSON); each answer is frames (kind, length, bytes) ending with a "." frame:
 # "j" a JSON object, "a" an Arrow IPC stream of one batch, "!" an error.
@@ -46,14 +52,33 @@ try:
     broken = None
 except ImportError as exc:
     broken = f"delta-rs cannot be loaded ({exc}): pip install 'deltalake[pyarrow]'"
-WRITABLE = set(json.loads(sys.argv[1]))
+WRITABLE, SAFE_INT96 = set(json.loads(sys.argv[1])), set(json.loads(sys.argv[2]))
+int96_free = set()  # data files read and found without an INT96 column beyond SAFE_INT96
+def int96_columns(table):
+    from urllib.parse import unquote, urlparse
+    import pyarrow.parquet as pq
+    for uri in table.file_uris():
+        if uri in int96_free:
+            continue
+        schema = pq.read_metadata(unquote(urlparse(uri).path) if uri.startswith("file:") else uri).schema
+        found = {schema.column(i).path for i in range(len(schema)) if schema.column(i).physical_type == "INT96"}
+        if found - SAFE_INT96:
+            return sorted(found - SAFE_INT96)
+        int96_free.add(uri)
+    return []
 def unwritable(table):
     protocol = table.protocol()
     features = set(protocol.reader_features or []) | set(protocol.writer_features or [])
     if table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none" or protocol.min_writer_version in (5, 6):
         features.add("columnMapping")
     features -= WRITABLE
-    return f"table features delta-rs does not write: {', '.join(sorted(features))}" if features else None
+    if features:
+        return f"table features delta-rs does not write: {', '.join(sorted(features))}"
+    old = int96_columns(table)
+    if old:
+        return (f"column {old[0]} has data files with Spark's INT96 timestamps, which delta-rs rewrites wrong beyond "
+                "years 1677-2262 (until the table's next compaction rewrites them)")
+    return None
 tables = {}
 try:
     for line in sys.stdin:
@@ -134,7 +159,8 @@ class DeltaRs:
 
     def __init__(self) -> None:
         self._errors: IO[bytes] = tempfile.TemporaryFile()
-        self.child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(sorted(WRITABLE_FEATURES))],
+        self.child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(sorted(WRITABLE_FEATURES)),
+                                       json.dumps(sorted(SAFE_INT96))],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors)
         self._lock = threading.Lock()
 

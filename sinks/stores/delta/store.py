@@ -203,6 +203,7 @@ class Warehouse(TableStore):
         self._watermarks: dict[str, dict[int, int]] = {}  # table path -> partition -> offset
         self._schemas: dict[str, dict[str, DataType]] = {}  # table path -> its columns, as last seen
         self._commits: dict[str, int] = {}  # table path -> this job's writes to it
+        self._spark_merges: dict[str, str] = {}  # `current` table path -> why Spark, not delta-rs, merges it
 
     # -- bookkeeping -----------------------------------------------------------------
     def load(self) -> dict[str, Any] | None:
@@ -335,6 +336,8 @@ class Warehouse(TableStore):
         if done % COMPACT_EVERY == 0:
             started = time.monotonic()
             removed, added = self._compact(path)
+            with self._lock:  # new files: delta-rs may write the table now (sinks.stores.delta.rs)
+                self._spark_merges.pop(path, None)
             log.info("%s: %d files compacted into %d in %.1f s", path, removed, added, time.monotonic() - started)
 
     def _compact(self, path: str) -> tuple[int, int]:
@@ -356,7 +359,6 @@ class DeltaStore(Warehouse):
         # delta-rs reads and writes local tables only (a remote warehouse's credentials are Spark's)
         self.small_merge_rows = 0 if remote(root) else small_merge_rows
         self._rs: DeltaRs | None = None
-        self._spark_merges: dict[str, str] = {}  # table path -> why Spark, not delta-rs, merges it
 
     def open(self, resumed: bool) -> None:
         check_layout(self.spark, self.root)
@@ -426,11 +428,6 @@ class DeltaStore(Warehouse):
         batch, or a table delta-rs does not write, from then on)."""
         if batch.records > self.small_merge_rows or path in self._spark_merges:
             return False
-        zoned = [n for n, t in batch.columns.items() if _holds_zoned_time(t)]
-        if zoned:
-            # Spark writes these as INT96, which delta-rs reads as nanoseconds: a value beyond
-            # years 1677-2262 in a file it rewrote would come back changed
-            return self._merged_by_spark(path, f"column {zoned[0]} is a timestamp with time zone")
         # what the clauses read; a table without TOASTable columns has an array of nulls, which Arrow lacks
         source = batch.latest.select(*[q(n) for n in batch.columns], *_CURRENT_META.names, "_cdc_delete",
                                      F.col(UNAVAILABLE).cast(ArrayType(StringType())).alias(UNAVAILABLE))
