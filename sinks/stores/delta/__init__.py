@@ -41,8 +41,9 @@ class DeltaConfig:
     small_merge_rows: int = opt(
         10000, "a table's batch of at most this many records is merged into current/ by delta-rs, in a child "
         "process of the driver: a tenth of a Spark MERGE's CPU, which sets a batch's cost when it touches many "
-        "tables. Bigger batches, a remote warehouse, and tables delta-rs does not write (column mapping, type "
-        "widening, a timestamp with time zone column) are merged by Spark; 0: Spark merges every batch", low=0,
+        "tables. Bigger batches, a remote warehouse, and tables delta-rs does not write right (column mapping, "
+        "type widening, data files with Spark's INT96 timestamps) are merged by Spark; 0: Spark merges every "
+        "batch", low=0,
     )
 
 
