@@ -768,7 +768,23 @@ def test_small_batches_are_merged_by_delta_rs_with_spark_for_what_it_does_not_wr
     assert _writers(current / "wide") == ["spark", "spark", "delta-rs", "delta-rs"]  # made, ADD COLUMN, 2 batches
     assert _writers(current / "zoned") == ["spark", "spark", "spark"]  # made, made old, merged
     assert _writers(current / "Odd-20Name")[1:] == ["spark"] * (len(_writers(current / "Odd-20Name")) - 1)
+    # history too: each batch's versions, the ended ones and the open ones, one per event
+    history = warehouse / "history" / "public"
+    assert _writers(history / "zoned") == ["spark", "delta-rs"]
+    zoned_versions = _table(spark, warehouse, "history", "zoned").select("id", "_cdc_is_current").collect()
+    assert sorted(tuple(r) for r in zoned_versions) == [(1, False), (1, True), (2, True)]
+    # the batch that ends the version holding date -infinity (Debezium's extreme day number, beyond
+    # what delta-rs computes with): delta-rs fails before it commits, and Spark merges it. The next
+    # run (a job of its own) tries delta-rs again: its MERGE reads only the open versions
+    assert _writers(history / "wide") == ["spark", "spark", "spark", "delta-rs"]  # made, ADD COLUMN, 2 batches
+    events = [orjson.loads(r.value) for r in read_topic(TopicConfig(bootstrap_servers=broker_servers),
+                                                          f"{topic_prefix}.public.wide") if r.value is not None]
+    versions = _table(spark, warehouse, "history").select("id", "t", "_cdc_is_current").collect()
+    assert len(versions) == len([e for e in events if e["op"] in ("r", "c", "u")])
+    assert sorted((r["id"], r["t"]) for r in versions if r["_cdc_is_current"]) == sorted(
+        db.fetchall("SELECT id, t FROM public.wide"))
     log = (tmp_path / "sink.log").read_text()
+    assert re.search(r"history/public/wide: delta-rs failed to merge a batch \(.*overflowed.*\); Spark merges it", log)
     assert "Spark merges its batches: table features delta-rs does not write: columnMapping" in log
     assert ("zoned: Spark merges its batches: column at has data files with Spark's INT96 timestamps, which "
             "delta-rs rewrites wrong beyond years 1677-2262 (until the table's next compaction rewrites them)") in log

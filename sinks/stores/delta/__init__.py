@@ -39,7 +39,7 @@ class DeltaConfig:
         choices=("auto", "spark", "delta-rs"),
     )
     small_merge_rows: int = opt(
-        10000, "a table's batch of at most this many records is merged into current/ by delta-rs, in a child "
+        10000, "a table's batch of at most this many records is merged into current/ and history/ by delta-rs, in a child "
         "process of the driver: a tenth of a Spark MERGE's CPU, which sets a batch's cost when it touches many "
         "tables. Bigger batches, a remote warehouse, and tables delta-rs does not write right (column mapping, "
         "type widening, data files with Spark's INT96 timestamps) are merged by Spark; 0: Spark merges every "

@@ -13,7 +13,8 @@ in earlier batches), the same check that the store holds what the query committe
 once: new versions are written only above the history table's own per-partition offset
 watermark, read back from the table when the query starts; ending a version is
 offset-guarded; one MERGE per table and batch ends the old versions and inserts the new
-ones, so they commit together. A history found behind its checkpoint (a restored backup)
+ones, so they commit together (by delta-rs for a small batch of a table without truncates,
+as `current`'s). A history found behind its checkpoint (a restored backup)
 reads the whole log again, and the watermarks skip what it holds.
 
 Its progress in LSNs: the log holds no heartbeats, so the warehouse job's progress records
@@ -40,8 +41,10 @@ from sinks.pipeline import Feed
 from sinks.progress import Completed
 from sinks.store import Truncate
 from sinks.stores.delta import scd2
+from sinks.stores.delta.rs import Clause, quote
 from sinks.stores.delta.store import (
     HISTORY_META,
+    SMALL_MERGE_ROWS,
     Warehouse,
     above,
     check_layout,
@@ -110,8 +113,9 @@ class HistoryStore(Warehouse):
 
     feed: LogFeed
 
-    def __init__(self, spark: SparkSession, root: str, name: str = "delta-history", upstream: str = "delta") -> None:
-        super().__init__(spark, root, name)
+    def __init__(self, spark: SparkSession, root: str, name: str = "delta-history", upstream: str = "delta",
+                 small_merge_rows: int = SMALL_MERGE_ROWS) -> None:
+        super().__init__(spark, root, name, small_merge_rows)
         self.where = f"the history of the Delta warehouse at {root}"
         self.feed = LogFeed(log_path(root), upstream)
 
@@ -141,11 +145,18 @@ class HistoryStore(Warehouse):
                             PARTITIONED_BY):
             self._advance(path, batch.offsets)
             return
-        table = self._table(path, batch.columns, HISTORY_META, batch.display, PARTITIONED_BY)
+        if not self._fits(path, batch.columns):
+            self._table(path, batch.columns, HISTORY_META, batch.display, PARTITIONED_BY)  # evolved first, by Spark
         new = scd2.versions(batch.rows, batch.columns, batch.known).where(above(self._watermark(path)))
         source = scd2.first_changes(batch.rows).withColumn("_merge_key", F.col("_cdc_key")).unionByName(
             new.withColumn("_merge_key", F.lit(None).cast("string")), allowMissingColumns=True
         )
+        # a table without truncates: versions end at their key's next change alone (_ended)
+        if not batch.known and self._merged_by_delta_rs(path, batch.records, source, RS_ON,
+                                                        rs_clauses([*batch.columns, *HISTORY_META.names])):
+            self._advance(path, batch.offsets)
+            return
+        table = self._table(path, batch.columns, HISTORY_META, batch.display, PARTITIONED_BY)
         (
             table.alias("t")
             .merge(source.alias("s"), "t._cdc_key = s._merge_key AND t._cdc_is_current AND t._cdc_offset < s._cdc_offset")
@@ -181,6 +192,18 @@ class HistoryStore(Warehouse):
         ).option("overwriteSchema", str(unpartitioned).lower()).save(path)
         with self._lock:
             self._watermarks.pop(path, None)
+
+
+RS_ON = 't."_cdc_key" = s."_merge_key" AND t."_cdc_is_current" AND t."_cdc_offset" < s."_cdc_offset"'
+
+
+def rs_clauses(columns: list[str]) -> list[Clause]:
+    """History's MERGE for a table without truncates, in delta-rs's SQL: a key's first change
+    of the batch ends its current version (_ended without truncates), the new versions go in."""
+    ended = {'"_cdc_valid_to"': 's."_cdc_ts"', '"_cdc_valid_to_lsn"': 's."_cdc_lsn"',
+             '"_cdc_valid_to_seq"': 's."_cdc_seq"', '"_cdc_is_current"': "false", '"_cdc_deleted"': 's."_deletes"'}
+    return [("update", "true", ended),
+            ("insert", 's."_merge_key" IS NULL', {quote(n): f"s.{quote(n)}" for n in columns})]
 
 
 def _ended(truncates: list[tuple[int, int, int]]) -> dict[str, str | Column]:

@@ -145,6 +145,11 @@ finally:
 Clause = tuple[str, str, dict[str, str] | None]
 
 
+def quote(name: str) -> str:
+    """A column name quoted for delta-rs's (DataFusion's) SQL."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def remote(root: str) -> bool:
     """A warehouse delta-rs does not reach: its credentials and file systems are Spark's."""
     return "://" in root and not root.startswith("file:")

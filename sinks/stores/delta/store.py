@@ -63,7 +63,7 @@ from sinks.batch import UNAVAILABLE, TableBatch, TypeConflict
 from sinks.envelope import CHANGE_COLUMNS
 from sinks.handover import LiveSide
 from sinks.store import SinkStopped, TableStore, Truncate
-from sinks.stores.delta.rs import Clause, DeltaRs, ReaderError, remote
+from sinks.stores.delta.rs import Clause, DeltaRs, ReaderError, quote, remote
 
 if TYPE_CHECKING:
     from sinks.query import StopSignal
@@ -138,36 +138,23 @@ def table_path(root: str, kind: str, topic: str) -> str:
     return hadoop.under(root, f"{kind}/{schema}/{table}")
 
 
-def _dq(name: str) -> str:
-    """A column name quoted for delta-rs's (DataFusion's) SQL."""
-    return '"' + name.replace('"', '""') + '"'
-
-
 def rs_clauses(columns: list[str], toasted: set[str]) -> list[Clause]:
     """`current`'s MERGE (DeltaStore._current) in delta-rs's SQL: the same position guards,
     deletes and unchanged TOASTed values."""
-    s = {n: f"s.{_dq(n)}" for n in [*columns, *_CURRENT_META.names, "_cdc_delete", UNAVAILABLE]}
-    t = {n: f"t.{_dq(n)}" for n in [*columns, *_CURRENT_META.names]}
+    s = {n: f"s.{quote(n)}" for n in [*columns, *_CURRENT_META.names, "_cdc_delete", UNAVAILABLE]}
+    t = {n: f"t.{quote(n)}" for n in [*columns, *_CURRENT_META.names]}
     newer = (f"({s['_cdc_lsn']} > {t['_cdc_lsn']} OR ({s['_cdc_lsn']} = {t['_cdc_lsn']} "
              f"AND {s['_cdc_seq']} > {t['_cdc_seq']}))")
     lone = (f"{s['_cdc_lsn']} IS NULL AND {s['_cdc_partition']} = {t['_cdc_partition']} "
             f"AND {s['_cdc_offset']} > {t['_cdc_offset']}")
     literal = {n: "'" + n.replace("'", "''") + "'" for n in toasted}
     kept = {n: f"CASE WHEN array_has({s[UNAVAILABLE]}, {literal[n]}) THEN {t[n]} ELSE {s[n]} END" for n in toasted}
-    meta = {_dq(n): s[n] for n in _CURRENT_META.names}
+    meta = {quote(n): s[n] for n in _CURRENT_META.names}
     return [
         ("delete", f"{s['_cdc_delete']} AND ({newer} OR ({lone}))", None),
-        ("update", f"NOT {s['_cdc_delete']} AND {newer}", {_dq(n): kept.get(n, s[n]) for n in columns} | meta),
-        ("insert", f"NOT {s['_cdc_delete']}", {_dq(n): s[n] for n in columns} | meta),
+        ("update", f"NOT {s['_cdc_delete']} AND {newer}", {quote(n): kept.get(n, s[n]) for n in columns} | meta),
+        ("insert", f"NOT {s['_cdc_delete']}", {quote(n): s[n] for n in columns} | meta),
     ]
-
-
-def _holds_zoned_time(kind: DataType) -> bool:
-    while isinstance(kind, ArrayType):
-        kind = kind.elementType
-    if isinstance(kind, StructType):
-        return any(_holds_zoned_time(f.dataType) for f in kind.fields)
-    return isinstance(kind, TimestampType)
 
 
 def _newer(s: str = "s", t: str = "t") -> str:
@@ -191,10 +178,13 @@ class Warehouse(TableStore):
     #: a retry (what every store's retry cures is sinks.runner.TRANSIENT)
     transient = ("io.delta.exceptions.Concurrent", "DELTA_CONCURRENT_")
 
-    def __init__(self, spark: SparkSession, root: str, name: str) -> None:
+    def __init__(self, spark: SparkSession, root: str, name: str, small_merge_rows: int = SMALL_MERGE_ROWS) -> None:
         self.name = name
         self.spark = spark
         self.root = root
+        # delta-rs reads and writes local tables only (a remote warehouse's credentials are Spark's)
+        self.small_merge_rows = 0 if remote(root) else small_merge_rows
+        self._rs: DeltaRs | None = None
         self.where = f"the Delta warehouse at {root}"
         self.record = hadoop.under(root, f"_cdc/{name}.json")
         # per table path: steps of different tables run in parallel threads, so each entry is
@@ -203,7 +193,7 @@ class Warehouse(TableStore):
         self._watermarks: dict[str, dict[int, int]] = {}  # table path -> partition -> offset
         self._schemas: dict[str, dict[str, DataType]] = {}  # table path -> its columns, as last seen
         self._commits: dict[str, int] = {}  # table path -> this job's writes to it
-        self._spark_merges: dict[str, str] = {}  # `current` table path -> why Spark, not delta-rs, merges it
+        self._spark_merges: dict[str, str] = {}  # table path -> why Spark, not delta-rs, merges it
 
     # -- bookkeeping -----------------------------------------------------------------
     def load(self) -> dict[str, Any] | None:
@@ -221,9 +211,7 @@ class Warehouse(TableStore):
         the `partitioned_by` column), or evolved (new columns added, types widened); a change it
         cannot take raises TypeConflict."""
         spark = self.spark
-        with self._lock:
-            known = self._schemas.get(path)
-        if known is not None and all(known.get(n) == t for n, t in columns.items()):
+        if self._fits(path, columns):
             return DeltaTable.forPath(spark, path)
         if not DeltaTable.isDeltaTable(spark, path):
             schema = StructType([StructField(n, t) for n, t in columns.items()] + list(meta.fields))
@@ -266,6 +254,12 @@ class Warehouse(TableStore):
         self._remember(path, table)
         return table
 
+    def _fits(self, path: str, columns: dict[str, DataType]) -> bool:
+        """The table as this job last saw it holds `columns` with their types (nothing to evolve)."""
+        with self._lock:
+            known = self._schemas.get(path)
+        return known is not None and all(known.get(n) == t for n, t in columns.items())
+
     def _created_by(
         self, path: str, rows: DataFrame, columns: dict[str, DataType], meta: StructType,
         partitioned_by: str | None = None,
@@ -297,6 +291,43 @@ class Warehouse(TableStore):
         columns = {f.name: f.dataType for f in table.toDF().schema.fields}
         with self._lock:
             self._schemas[path] = columns
+
+    def _merged_by_delta_rs(self, path: str, records: int, source: DataFrame, on: str, clauses: list[Clause]) -> bool:
+        """A small batch's MERGE (`source` as `s` into the table as `t`) done by delta-rs from
+        the driver, in one commit: a Spark MERGE plans a dozen jobs whatever it holds (about a
+        CPU-second), delta-rs does the same in a tenth of that (bench/delta_commit.py), which
+        sets the cost of a batch that touches many tables. False: Spark merges it (a bigger
+        batch, or a table delta-rs does not write right, from then on until its compaction)."""
+        if records > self.small_merge_rows or path in self._spark_merges:
+            return False
+        try:
+            declined = self._delta_rs().merge(path, source.toArrow(), on, clauses)
+        except ReaderError as exc:  # nothing committed, or all of it: Spark's MERGE then changes nothing
+            log.warning("%s: delta-rs failed to merge a batch (%s); Spark merges it", path, exc)
+            declined = str(exc)
+            with self._lock:
+                if self._rs is not None and self._rs.child.poll() is not None:  # the child ended: a new one next time
+                    self._rs.close()
+                    self._rs = None
+        return True if declined is None else self._merged_by_spark(path, declined)
+
+    def _merged_by_spark(self, path: str, why: str) -> bool:
+        """Spark merges this table from now on (logged once): False."""
+        with self._lock:
+            self._spark_merges[path] = why
+        log.info("%s: Spark merges its batches: %s", path, why)
+        return False
+
+    def _delta_rs(self) -> DeltaRs:
+        with self._lock:
+            if self._rs is None:
+                self._rs = DeltaRs()
+            return self._rs
+
+    def close(self) -> None:
+        if self._rs is not None:
+            self._rs.close()
+            self._rs = None
 
     def _set_properties(self, path: str, properties: dict[str, str]) -> None:
         listed = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in properties.items())
@@ -352,13 +383,10 @@ class DeltaStore(Warehouse):
 
     def __init__(self, spark: SparkSession, root: str, name: str = "delta",
                  small_merge_rows: int = SMALL_MERGE_ROWS) -> None:
-        super().__init__(spark, root, name)
+        super().__init__(spark, root, name, small_merge_rows)
         self.handover: LiveSide | None = LiveSide(spark, root, name)
         self.log = log_path(root)
         self._log_marks: dict[str, dict[int, int]] | None = None  # topic -> partition -> offset
-        # delta-rs reads and writes local tables only (a remote warehouse's credentials are Spark's)
-        self.small_merge_rows = 0 if remote(root) else small_merge_rows
-        self._rs: DeltaRs | None = None
 
     def open(self, resumed: bool) -> None:
         check_layout(self.spark, self.root)
@@ -374,11 +402,6 @@ class DeltaStore(Warehouse):
             for path in [p for p in self._schemas if "/current/" in p]:
                 del self._schemas[path]
         log.info("%s: current/ cleared", self.where)
-
-    def close(self) -> None:
-        if self._rs is not None:
-            self._rs.close()
-            self._rs = None
 
     def truncate(self, topic: str, truncate: Truncate) -> None:
         path = table_path(self.root, "current", topic)
@@ -398,10 +421,16 @@ class DeltaStore(Warehouse):
         path = table_path(self.root, "current", batch.topic)
         if self._created_by(path, batch.latest.where("NOT _cdc_delete"), batch.columns, _CURRENT_META):
             return
-        table = self._table(path, batch.columns, _CURRENT_META, batch.display)
+        if not self._fits(path, batch.columns):
+            self._table(path, batch.columns, _CURRENT_META, batch.display)  # evolved first, by Spark
         toasted = {n for n, t in batch.columns.items() if isinstance(t, (StringType, BinaryType, ArrayType))}
-        if self._merged_by_delta_rs(path, batch, toasted):
+        # what the clauses read; a table without TOASTable columns has an array of nulls, which Arrow lacks
+        source = batch.latest.select(*[q(n) for n in batch.columns], *_CURRENT_META.names, "_cdc_delete",
+                                     F.col(UNAVAILABLE).cast(ArrayType(StringType())).alias(UNAVAILABLE))
+        if self._merged_by_delta_rs(path, batch.records, source, f"t.{quote('_cdc_key')} = s.{quote('_cdc_key')}",
+                                    rs_clauses(list(batch.columns), toasted)):
             return
+        table = self._table(path, batch.columns, _CURRENT_META, batch.display)
         values: dict[str, str | Column] = {
             q(n): (f"CASE WHEN array_contains(s.{UNAVAILABLE}, {_sql_string(n)}) THEN t.{q(n)} ELSE s.{q(n)} END"
                    if n in toasted else f"s.{q(n)}")
@@ -419,42 +448,6 @@ class DeltaStore(Warehouse):
             .whenNotMatchedInsert(condition="NOT s._cdc_delete", values=inserts)
             .execute()
         )
-
-    def _merged_by_delta_rs(self, path: str, batch: TableBatch, toasted: set[str]) -> bool:
-        """A small batch MERGEd by delta-rs from the driver, with the same conditions as Spark's
-        MERGE, in one commit: a Spark MERGE plans a dozen jobs whatever it holds (about a
-        CPU-second), delta-rs does the same in a tenth of that (bench/delta_commit.py), which
-        sets the cost of a batch that touches many tables. False: Spark merges it (a bigger
-        batch, or a table delta-rs does not write, from then on)."""
-        if batch.records > self.small_merge_rows or path in self._spark_merges:
-            return False
-        # what the clauses read; a table without TOASTable columns has an array of nulls, which Arrow lacks
-        source = batch.latest.select(*[q(n) for n in batch.columns], *_CURRENT_META.names, "_cdc_delete",
-                                     F.col(UNAVAILABLE).cast(ArrayType(StringType())).alias(UNAVAILABLE))
-        try:
-            declined = self._delta_rs().merge(path, source.toArrow(), f"t.{_dq('_cdc_key')} = s.{_dq('_cdc_key')}",
-                                              rs_clauses(list(batch.columns), toasted))
-        except ReaderError as exc:  # nothing committed, or all of it: Spark's MERGE then changes nothing
-            log.warning("%s: delta-rs failed to merge a batch (%s); Spark merges it", path, exc)
-            declined = str(exc)
-            with self._lock:
-                if self._rs is not None and self._rs.child.poll() is not None:  # the child ended: a new one next time
-                    self._rs.close()
-                    self._rs = None
-        return True if declined is None else self._merged_by_spark(path, declined)
-
-    def _merged_by_spark(self, path: str, why: str) -> bool:
-        """Spark merges this table from now on (logged once): False."""
-        with self._lock:
-            self._spark_merges[path] = why
-        log.info("%s: Spark merges its batches: %s", path, why)
-        return False
-
-    def _delta_rs(self) -> DeltaRs:
-        with self._lock:
-            if self._rs is None:
-                self._rs = DeltaRs()
-            return self._rs
 
     def after_tables(self, batches: list[TableBatch], batch_id: int, lineage: str | None) -> None:
         """Every table's records of the batch in the change log, one append; above the log's
@@ -603,7 +596,7 @@ def followers(spark: SparkSession, config: Config) -> list[TableStore]:
     """`history/`, kept from the change log by a query of its own (sinks.stores.delta.history)."""
     from sinks.stores.delta.history import HistoryStore
 
-    return [HistoryStore(spark, config.delta.path)]
+    return [HistoryStore(spark, config.delta.path, small_merge_rows=config.delta.small_merge_rows)]
 
 
 def local(workdir: Path) -> tuple[Any, dict[str, str]]:
