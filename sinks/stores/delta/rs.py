@@ -1,5 +1,6 @@
 """delta-rs (`deltalake`) in a child process of the driver: `cdc verify`'s reads of `current/`
-(sinks.stores.delta.read) and the job's MERGEs of small batches into it (sinks.stores.delta.store).
+(sinks.stores.delta.read) and the jobs' MERGEs of small batches into `current/` and `history/`
+(sinks.stores.delta.store, sinks.stores.delta.history).
 
 A process that used delta-rs can abort at interpreter exit (docs/development.md, Environment
 quirks), so no cdc process loads it: a Spark-free child does, and ends with os._exit. It lives

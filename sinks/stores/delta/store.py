@@ -75,7 +75,7 @@ KINDS = ("current", "changes", "history")
 MOVED_ASIDE = "_cdc/changes-per-table"
 #: a change log append of fewer records is written by one task (a file per table)
 SMALL_BATCH = 100_000
-#: a table's batch of at most this many records is MERGEd into `current` by delta-rs ([delta] small_merge_rows)
+#: a table's batch of at most this many records is MERGEd by delta-rs ([delta] small_merge_rows)
 SMALL_MERGE_ROWS = 10_000
 #: a table is compacted (OPTIMIZE's bin-packing) after this many of the job's commits to it:
 #: each batch adds small files, and a MERGE or a scan pays per file
