@@ -92,10 +92,14 @@ class RowStore(Store):
         finally:
             writer.close()
 
+    def partition_writer(self, registry: Registry, cuts: dict[str, tuple[int, int]]) -> PartitionWriter:
+        """What each Spark partition of a batch runs; `cuts`: each table's newest truncate."""
+        return PartitionWriter(self.writer(registry), {t: position(*c) for t, c in cuts.items()})
+
     def write(self, rows: DataFrame, registry: Registry, cuts: dict[str, tuple[int, int]]) -> list[Rejected]:
         """Every change row of the batch (CHANGE_COLUMNS, no truncate events) through the
         executors; what the store refused."""
-        writer = PartitionWriter(self.writer(registry), {t: position(*c) for t, c in cuts.items()})
+        writer = self.partition_writer(registry, cuts)
         # a key's changes meet in one Spark partition, in offset order (sinks.latest)
         rejected = map_in_arrow(rows.select(*COLUMNS), writer, REJECTED).collect()
         return [(r[0], r[1], r[2], r[3]) for r in rejected]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import logging
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import orjson
@@ -82,7 +82,9 @@ class IncrementalSnapshots:
         self.chunk: Chunk | None = None
         self.closed_events: TableEvents | None = None  # the table of the chunk closed last
         self.progress: deque[tuple[int, SnapshotState]] = deque()  # (watermark LSN, state after that chunk)
-        self.recent: dict[int, None] = {}  # xids of the last commits streamed, oldest first
+        # xids of the last commits streamed, oldest first; an OrderedDict drops its oldest in
+        # O(1), where a dict's first key is found past every slot deleted before it
+        self.recent: OrderedDict[int, None] = OrderedDict()
         self._conn: psycopg.Connection | None = None
 
     # -- requests ----------------------------------------------------------------------------
@@ -184,7 +186,7 @@ class IncrementalSnapshots:
         recent = self.recent
         recent[xid] = None
         if len(recent) > RECENT_COMMITS:
-            del recent[next(iter(recent))]
+            recent.popitem(last=False)
 
     def saw(self, records: list[Record], xid: int | None) -> None:
         """A streamed change: drop its keys from the open chunk if the chunk could not see it."""

@@ -75,7 +75,8 @@ RULES: dict[str, tuple[str, ...]] = {
     "sinks": ("psycopg", "cdc._speedups", "cdc.source", *COMMANDS, "snapshot"),
 }
 #: a module a rule would bar from an import it needs: the PostgreSQL read model's store talks to
-#: its PostgreSQL from the driver (its writes never run on an executor)
+#: its PostgreSQL (the executors stage a batch's rows there, the driver merges them); no other
+#: store's executors import it
 EXEMPT: dict[str, tuple[str, ...]] = {"sinks.stores.postgres": ("psycopg",)}
 
 

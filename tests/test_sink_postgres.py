@@ -151,3 +151,41 @@ def test_an_unset_dsn_is_one_line_naming_the_setting(tmp_path: Path) -> None:
     for args in (("sink", "postgres", "--once"), ("verify", "--stores", "postgres")):
         done = _cdc(*args, "--config", str(config), timeout=120)
         assert (done.returncode, done.stderr.strip()) == (1, expected), done.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.fast
+def test_a_task_spark_runs_again_stages_its_rows_once(read_model: str) -> None:
+    """The executors stage a batch's rows each in a transaction of its own: a task Spark runs
+    again (its executor lost after it staged) replaces what its first attempt staged, and the
+    batch's MERGE, which needs one row per key, applies every change once."""
+    import pyarrow as pa
+
+    from sinks.latest import ROWS
+    from sinks.stores.postgres import PostgresConfig
+    from sinks.stores.postgres.store import PostgresStore
+    from sinks.versions import ColumnShape, Registry, Version
+
+    topic = "p.public.acct"
+    registry = Registry([Version("public", "acct", topic, 0, (
+        ColumnShape("id", "int4", -1, True, {"type": "int32"}), ColumnShape("note", "text", -1, False, {"type": "string"})))])
+    ids = range(1, 101)
+    batch = pa.table({
+        "_cdc_topic": [topic] * 100, "_cdc_key": [f'{{"id":{i}}}' for i in ids], "_cdc_op": ["c"] * 100,
+        "_cdc_lsn": [1000 + i for i in ids], "_cdc_seq": [1000 + i for i in ids], "_cdc_partition": [0] * 100,
+        "_cdc_offset": list(ids), "_cdc_tombstone": [False] * 100,
+        "after": [f'{{"id":{i},"note":"n{i}"}}' for i in ids]}, schema=ROWS)
+    store = PostgresStore(PostgresConfig(dsn=read_model))
+    store.open(resumed=False)
+    try:
+        store.prepare([topic], registry)
+        task = store.partition_writer(registry, {})
+        list(task(batch.slice(0, 40).to_batches()))  # the first attempt staged part of the rows, then its executor died
+        list(task(batch.to_batches()))  # Spark runs the task again
+        store.merge()
+        store.save({"batch": 0})
+    finally:
+        store.close()
+    with psycopg.connect(read_model, autocommit=True) as conn:
+        held = dict(conn.execute("SELECT id, note FROM cdc_public.acct").fetchall())
+    assert held == {i: f"n{i}" for i in ids}

@@ -17,6 +17,7 @@ from cdc.source.catalog import CapturedTable
 from snapshot.copy_text import parse_line
 from snapshot.incremental import (
     MESSAGE_PREFIX,
+    RECENT_COMMITS,
     Chunk,
     IncrementalSnapshots,
     Visibility,
@@ -494,6 +495,16 @@ def test_signal_message() -> None:
     assert len(body["id"]) == 32 and int(body["id"], 16) >= 0
     assert orjson.loads(signal_message("cdc", []))["id"] != body["id"]
     assert MESSAGE_PREFIX == "cdc"
+
+
+def test_recent_commits_keep_the_newest() -> None:
+    """A chunk is read again when its snapshot counts one of the last RECENT_COMMITS streamed
+    commits as running: the older ones are forgotten, oldest first."""
+    snapshots = _snapshots()
+    for xid in range(1, 3 * RECENT_COMMITS + 1):
+        snapshots.note_commit(xid)
+    snapshots.note_commit(None)  # a commit without an xid: nothing to remember
+    assert list(snapshots.recent) == list(range(2 * RECENT_COMMITS + 1, 3 * RECENT_COMMITS + 1))
 
 
 def test_request_queues_and_dedupes() -> None:

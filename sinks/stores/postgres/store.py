@@ -7,13 +7,17 @@ A batch is one transaction on the driver, all or nothing in the store:
 - each table made to fit its newest version (CREATE, ADD COLUMN; a changed type altered with a
   cast, or the job stops naming `cdc postgres rebuild`); a dropped column stays, null in newer rows;
 - the batch's last change of each key (the shared fold, sinks.latest, above each table's newest
-  truncate) COPYed into a temporary staging table, then one MERGE per table: a change applies
+  truncate) COPYed by the executors, each Spark partition in a transaction of its own, into
+  the job's staging table (`_cdc.stage_<job>`, unlogged, emptied before each batch), analyzed,
+  then on the driver one MERGE per table: a change applies
   only over a lower stored position (a lone tombstone, which has none, over a lower offset of
   the same partition) and above its key's delete marker (`_cdc.deletes`, kept [postgres]
   marker_ttl_s: a rebuild's last pass behind the live job cannot bring a deleted row back),
   an unchanged TOASTed value keeps the stored one;
 - the job's bookkeeping record (`_cdc.bookkeeping`), then COMMIT.
-A batch read again after a crash finds either all of its writes or none of them. The tables
+A batch read again after a crash finds either all of its writes or none of them (staging rows
+are not the store's: the next batch empties the table first), and a task Spark runs again
+deletes what its earlier attempt staged before it stages anew. The tables
 of a topic are listed in `_cdc.tables`, whose schemas the store owns: `clear` drops them.
 """
 
@@ -32,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from cdc.config import Config, ConfigError
 from cdc.naming import quote_ident, quote_literal
 from cdc.redact import redact_dsn
-from sinks.latest import COLUMNS, position
+from sinks.latest import position
 from sinks.rows import PartitionWriter, Rejected, RowStore, RowWriter
 from sinks.store import SinkStopped, StoreUnavailable, Truncate
 from sinks.stores.postgres import MAX_NAME, PostgresConfig, required_dsn
@@ -48,7 +52,6 @@ MIN_VERSION = 150000  # MERGE
 META_SCHEMA = "_cdc"
 #: the comment on every schema the store made: `clear` and a rebuild drop only these
 OWNED = "cdc read model"
-STAGE = "pg_temp._cdc_stage"
 CONNECT_TIMEOUT_S = 10
 
 
@@ -73,6 +76,11 @@ def ensure_meta(conn: psycopg.Connection) -> None:
                  "table_name text NOT NULL)")
 
 
+def stage_of(job: str) -> str:
+    """The staging table of a job's batches (`job`: the store's name and generation suffix)."""
+    return f"{META_SCHEMA}.{quote_ident('stage_' + job)}"
+
+
 def table_of(conn: psycopg.Connection, topic: str, suffix: str = "") -> str | None:
     """The qualified name of a topic's table in the generation of `suffix` (None: none yet)."""
     found = conn.execute(f"SELECT schema_name, table_name FROM {META_SCHEMA}.tables WHERE topic = %s",
@@ -90,21 +98,45 @@ def rows_of(conn: psycopg.Connection, topic: str, suffix: str = "") -> int | Non
     return None if counted is None else int(counted[0])
 
 
-class _Copy(RowWriter):
-    """The batch's last changes into the transaction's staging table (on the driver)."""
+class _Stage(RowWriter):
+    """A Spark partition's last changes COPYed into the job's staging table, in one transaction
+    of its own connection (on an executor; on the driver for `write_changes`). A task Spark runs
+    again deletes its earlier attempt's rows first: the MERGE needs one row per key."""
 
-    def __init__(self, conn: psycopg.Connection) -> None:
-        self.conn = conn
+    def __init__(self, dsn: str, stage: str) -> None:
+        self.dsn, self.stage = dsn, stage
+        self._conn: psycopg.Connection | None = None
+        self._task = 0
+
+    def open(self) -> None:
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        self._task = task.partitionId() if task is not None else 0
+        self._conn = connect(self.dsn)
+        self._conn.execute(f"DELETE FROM {self.stage} WHERE task = %s", (self._task,))
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+                conn.commit()
+        finally:
+            conn.close()
 
     def held(self, topic: str, keys: list[str], columns: set[str]) -> list[dict[str, Any] | None]:
         raise NotImplementedError("the MERGE keeps a stored TOASTed value itself")
 
     def write(self, changes: pa.Table) -> list[Rejected]:
-        with self.conn.cursor().copy(
-                f'COPY {STAGE} (topic, key, kind, lsn, seq, part, "offset", row, missing) FROM STDIN') as copy:
+        assert self._conn is not None
+        task = self._task
+        with self._conn.cursor().copy(
+                f'COPY {self.stage} (task, topic, key, kind, lsn, seq, part, "offset", row, missing) FROM STDIN') as copy:
             for c in changes.to_pylist():
-                copy.write_row((c["topic"], c["key"], c["kind"], c["lsn"], c["seq"], c["partition"], c["offset"],
-                                c["row"], c["missing"]))
+                copy.write_row((task, c["topic"], c["key"], c["kind"], c["lsn"], c["seq"], c["partition"],
+                                c["offset"], c["row"], c["missing"]))
         return []
 
     def positions(self, topic: str) -> Iterator[list[tuple[str, str]]]:
@@ -131,6 +163,8 @@ class PostgresStore(RowStore):
         self.where = f"PostgreSQL at {redact_dsn(config.dsn)}"
         self._conn: psycopg.Connection | None = None
         self._targets: dict[str, tuple[str, list[Target]]] = {}  # topic -> its table, its columns (this batch)
+        self.stage = stage_of(name + suffix)
+        self._side: psycopg.Connection | None = None  # empties the staging table outside the batch's transaction
 
     # -- the batch's transaction --------------------------------------------------------------
     def conn(self) -> psycopg.Connection:
@@ -145,6 +179,8 @@ class PostgresStore(RowStore):
         conn = self.conn()
         check_server(conn, self.where)
         ensure_meta(conn)
+        conn.execute(f"CREATE UNLOGGED TABLE IF NOT EXISTS {self.stage} (task integer NOT NULL, topic text, key text, "
+                     'kind text, lsn bigint, seq bigint, part integer, "offset" bigint, row text, missing text[])')
         conn.commit()
 
     def load(self) -> dict[str, Any] | None:
@@ -170,9 +206,10 @@ class PostgresStore(RowStore):
         log.info("%s: dropped the read model's schemas of %s", self.where, self.config.schema_prefix)
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        for conn in (self._conn, self._side):
+            if conn is not None:
+                conn.close()
+        self._conn = self._side = None
 
     # -- the writes -----------------------------------------------------------------------------
     def truncate(self, topic: str, truncate: Truncate) -> None:
@@ -232,29 +269,41 @@ class PostgresStore(RowStore):
                         "fill the table again with the new type") from None
                 log.info("%s: column %s of %s is now %s", self.where, column.name, table, column.type)
 
-    def writer(self, registry: Registry) -> _Copy:
-        return _Copy(self.conn())
+    def writer(self, registry: Registry) -> _Stage:
+        return _Stage(self.config.dsn, self.stage)
+
+    def partition_writer(self, registry: Registry, cuts: dict[str, tuple[int, int]]) -> PartitionWriter:
+        """The staging table emptied first (from a connection of its own: the batch's
+        transaction would hold its lock until COMMIT, and the executors wait for none)."""
+        if self._side is None or self._side.closed or self._side.broken:
+            self._side = connect(self.config.dsn, autocommit=True)
+        self._side.execute(f"TRUNCATE {self.stage}")
+        return _Staged(self.writer(registry), {t: position(*c) for t, c in cuts.items()})
 
     def write(self, rows: DataFrame, registry: Registry, cuts: dict[str, tuple[int, int]]) -> list[Rejected]:
-        """The batch's change rows collected here, in the Spark partitions' order (sinks.latest)."""
-        return self.write_changes(rows.select(*COLUMNS).toArrow().to_batches(), cuts)
+        """The executors stage the batch's last changes (a COPY refuses nothing: a value that does
+        not convert fails its MERGE), then one MERGE per table `prepare` made ready."""
+        super().write(rows, registry, cuts)
+        self.merge()
+        return []
 
     def write_changes(self, batches: Iterable[pa.RecordBatch], cuts: dict[str, tuple[int, int]]) -> list[Rejected]:
-        """Change rows (sinks.latest.ROWS, each key's in offset order) folded and staged, then
-        one MERGE per table `prepare` made ready."""
+        """`write` on the driver, for change rows at hand (sinks.latest.ROWS, each key's in
+        offset order)."""
+        for _ in self.partition_writer(Registry(), cuts)(batches):
+            pass
+        self.merge()
+        return []
+
+    def merge(self) -> None:
+        """One MERGE per table `prepare` made ready, of the rows the batch staged."""
         conn = self.conn()
-        conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {STAGE.split('.')[1]} (topic text, key text, kind text, "
-                     'lsn bigint, seq bigint, part integer, "offset" bigint, row text, missing text[]) '
-                     "ON COMMIT DELETE ROWS")
-        conn.execute(f"TRUNCATE {STAGE}")
-        staged = _Staged(_Copy(conn), {t: position(*c) for t, c in cuts.items()})
-        for _ in staged(batches):
-            pass  # a COPY refuses nothing: a value that does not convert fails its MERGE
+        conn.execute(f"ANALYZE {self.stage}")  # the MERGE's plan needs its size: an estimate of a few
+        # rows picks a nested loop over the table's scan, quadratic in the batch
         for topic, (table, columns) in self._targets.items():
             self._merge(conn, topic, table, columns)
         conn.execute(f"DELETE FROM {META_SCHEMA}.deletes WHERE deleted_at < now() - make_interval(secs => %s)",
                      (self.config.marker_ttl_s,))
-        return []
 
     def _merge(self, conn: psycopg.Connection, topic: str, table: str, columns: list[Target]) -> None:
         def value(c: Target, held: str) -> str:
@@ -268,7 +317,7 @@ class PostgresStore(RowStore):
         # an upsert below its key's delete marker is older than a delete already applied (a
         # rebuild's last pass behind the live job, a replay): it changes nothing. A delete always
         # goes on: the same delete again removes what a generation switched in still held
-        changes = (f"SELECT s.*, s.row::jsonb AS _cdc_r FROM {STAGE} s LEFT JOIN {META_SCHEMA}.deletes m "
+        changes = (f"SELECT s.*, s.row::jsonb AS _cdc_r FROM {self.stage} s LEFT JOIN {META_SCHEMA}.deletes m "
                    "ON m.topic = s.topic AND m.key = s.key WHERE s.topic = %s AND (s.kind = 'd' OR m.key IS NULL "
                    "OR (s.lsn, s.seq) > (m.lsn, m.seq))")
         conn.execute(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE")  # a rebuild's last pass writes it too
@@ -289,7 +338,7 @@ class PostgresStore(RowStore):
             raise SinkStopped(f"{table}: a value does not fit its column ({str(exc).splitlines()[0]}): fix the "
                               "column's type in the source, or run `cdc postgres rebuild`") from None
         conn.execute(
-            f"INSERT INTO {META_SCHEMA}.deletes SELECT topic, key, lsn, seq, now() FROM {STAGE} WHERE topic = %s "
+            f"INSERT INTO {META_SCHEMA}.deletes SELECT topic, key, lsn, seq, now() FROM {self.stage} WHERE topic = %s "
             "AND kind = 'd' AND lsn IS NOT NULL ON CONFLICT (topic, key) DO UPDATE SET lsn = EXCLUDED.lsn, "
             "seq = EXCLUDED.seq, deleted_at = EXCLUDED.deleted_at "
             "WHERE (deletes.lsn, deletes.seq) < (EXCLUDED.lsn, EXCLUDED.seq)", (topic,))
