@@ -273,8 +273,8 @@ class PostgresStore(RowStore):
         return _Stage(self.config.dsn, self.stage)
 
     def partition_writer(self, registry: Registry, cuts: dict[str, tuple[int, int]]) -> PartitionWriter:
-        """The staging table emptied first (from a connection of its own: the batch's
-        transaction would hold its lock until COMMIT, and the executors wait for none)."""
+        """The staging table emptied first, from a connection of its own: in the batch's
+        transaction, TRUNCATE's lock would last until COMMIT and stop the executors' COPY."""
         if self._side is None or self._side.closed or self._side.broken:
             self._side = connect(self.config.dsn, autocommit=True)
         self._side.execute(f"TRUNCATE {self.stage}")
