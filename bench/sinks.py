@@ -451,6 +451,7 @@ class SearchBench(StoreBench):
 
     name = "search"
     served = True
+    tables_per_index = 1  # [search] tables_per_index (--search-tables-per-index)
     apply_target = 0.4
     fresh_target_s = 3.0
 
@@ -466,15 +467,17 @@ class SearchBench(StoreBench):
         if self.node is None:
             self.node = LocalOpenSearch(run_dir.parent / "opensearch", full_jit=True).start()
             # each table takes an index and a delete markers' index: OpenSearch's default of 1,000
-            # shards per node holds 499 tables, and the job refuses more in one line (a wide run)
-            Endpoint(self.node.url).client().ok(
-                "PUT", "/_cluster/settings", {"persistent": {"cluster.max_shards_per_node": SHARDS_PER_NODE}})
+            # shards per node holds 499 tables, and the job refuses more in one line (a wide run);
+            # shared indexes stay within the default
+            if self.tables_per_index == 1:
+                Endpoint(self.node.url).client().ok(
+                    "PUT", "/_cluster/settings", {"persistent": {"cluster.max_shards_per_node": SHARDS_PER_NODE}})
         if run_dir not in self.run_dirs:  # a new run: a new store (the freshness phase reuses the last)
             self.run_dirs.add(run_dir)
             client = Endpoint(self.node.url).client()
             for row in client.ok("GET", f"/_cat/indices/{alias_name(PREFIX)}*?format=json&expand_wildcards=all"):
                 client.ok("DELETE", f"/{row['index']}")
-        return {"search": {"url": self.node.url, "replicas": 0}}
+        return {"search": {"url": self.node.url, "replicas": 0, "tables_per_index": self.tables_per_index}}
 
     def close(self) -> None:
         if self.node is not None:
@@ -522,9 +525,12 @@ class SearchBench(StoreBench):
     def visible(self, config_path: str, base: int, _view: str) -> Any:
         """A search for the next markers by _id: visible means searchable (refreshed), not
         merely stored."""
+        from cdc.config import load as load_config
         from sinks.stores.search.shapes import alias_name
+        from sinks.stores.search.store import Settings, key_of
 
         client = self._client(config_path)
+        settings = Settings.of(load_config(config_path).search, PREFIX)  # the `_id`s of the layout
         alias = alias_name(topic_name(PREFIX, "public", FRESH_TABLE))
         first = base + 1  # every marker below it was seen
 
@@ -533,11 +539,12 @@ class SearchBench(StoreBench):
             ids = [*range(-(base + 5), -base), *range(first, first + 5000)]
             now = time.time()
             status, answer = client.request("POST", f"/{alias}/_search", {
-                "query": {"ids": {"values": [f'{{"id":{i}}}' for i in ids]}}, "size": len(ids), "_source": False,
+                "query": {"ids": {"values": [settings.doc_id(alias, f'{{"id":{i}}}') for i in ids]}},
+                "size": len(ids), "_source": False,
             })
             if status != 200:
                 return None  # the index is not there yet
-            found = [int(orjson.loads(hit["_id"])["id"]) for hit in answer["hits"]["hits"]]
+            found = [int(orjson.loads(key_of(alias, hit["_id"]))["id"]) for hit in answer["hits"]["hits"]]
             seen = set(found)
             while first in seen:
                 first += 1
@@ -785,6 +792,7 @@ class SinksBench(Bench):
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
         DeltaBench.history_interval_s = args.history_interval
+        SearchBench.tables_per_index = args.search_tables_per_index
         self.tables = table_names(args.tables)
         self.topics = [topic_name(PREFIX, "public", t) for t in self.tables]
         self.stores = [STORES[s]() for s in args.stores]
@@ -1823,6 +1831,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trigger-interval", type=float, default=0.5, help="[spark] trigger_interval_s while streaming")
     parser.add_argument("--history-interval", type=float, default=30.0,
                         help="Delta's [delta] history_interval_s while streaming (default 30)")
+    parser.add_argument("--search-tables-per-index", type=int, default=1,
+                        help="[search] tables_per_index: tables packed into each shared index (default 1: an index each)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="apply and freshness runs per store, the stores alternating (A/B/A/B; default 1)")
     parser.add_argument("--poll-ms", type=int, default=100, help="the freshness reader's polling period")

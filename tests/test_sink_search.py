@@ -461,8 +461,8 @@ def test_a_layout_beyond_the_clusters_shard_limit_is_one_line_before_any_index_i
             f"error: OpenSearch at {base} has room for 5 more shards ({limit} = {opened + 5} on each of 1 data node, "
             f"{opened} "
             "shards open) and the indexes of 3 tables need 6 (6 indexes of 1: [search] shards = 1, replicas = 0): "
-            f"raise {limit} to at least {opened + 6} (PUT _cluster/settings), add data nodes, or capture fewer tables "
-            "into this cluster"
+            f"raise {limit} to at least {opened + 6} (PUT _cluster/settings), add data nodes, share indexes between "
+            "tables ([search] tables_per_index), or capture fewer tables into this cluster"
         ]
         assert _ok(base, "GET", f"/_alias/{alias_name(topic_prefix)}.*?expand_wildcards=all") == {}
 
@@ -476,8 +476,8 @@ def test_a_layout_beyond_the_clusters_shard_limit_is_one_line_before_any_index_i
         assert [line for line in done.stderr.splitlines() if line.startswith("error: ")][0].endswith(
             f"has room for 1 more shards ({limit} = {opened + 7} on each of 1 data node, {opened + 6} shards open) "
             "and a rebuild's new generation of 3 tables need 3 (3 indexes of 1: [search] shards = 1, replicas = 0): "
-            f"raise {limit} to at least {opened + 9} (PUT _cluster/settings), add data nodes, or capture fewer "
-            "tables into this cluster"
+            f"raise {limit} to at least {opened + 9} (PUT _cluster/settings), add data nodes, share indexes "
+            "between tables ([search] tables_per_index), or capture fewer tables into this cluster"
         )
         assert _open_shards(base) == opened + 6
     finally:
@@ -519,7 +519,8 @@ def test_the_indexes_of_many_new_tables_are_looked_up_in_two_requests_not_per_ta
     store.prepare(topics, registry)
     reads = [r for r in sent if r.startswith("GET ")]
     # what the indexes are, then the shard room for the 22 to make
-    assert reads == [f"GET /{alias_name(topic_prefix)}.*/_mapping", f"GET /_alias/{alias_name(topic_prefix)}.*",
+    prefix = alias_name(topic_prefix)
+    assert reads == [f"GET /{prefix}.*,{prefix}-shared*,{prefix}-markers/_mapping", f"GET /_alias/{prefix}.*",
                      "GET /_cluster/settings", "GET /_cluster/health"], sent
     made = sorted(r.split(" /")[1] for r in sent if r.startswith("PUT ") and "/_mapping" not in r)
     assert made == sorted([index_name(alias_name(t)) for t in topics[1:]] + [markers_name(alias_name(t)) for t in topics[1:]])
@@ -535,3 +536,103 @@ def test_the_indexes_of_many_new_tables_are_looked_up_in_two_requests_not_per_ta
     store.after_batch(many)
     refreshes = [r for r in sent if r.endswith("/_refresh")]
     assert len(refreshes) == 3 and all(len(r) < 3200 for r in refreshes), refreshes
+
+
+def test_tables_share_indexes_within_a_shard_limit_an_index_per_table_would_pass(
+    tmp_path: Path, db: Any, broker_servers: str, topic_prefix: str, run_daemon: Any, opensearch: LocalOpenSearch
+) -> None:
+    """`[search] tables_per_index = 3`: five tables in three shared indexes (the fifth's `code`
+    is text where the others' is an integer, so it cannot share their mapping) and one delete
+    markers' index, under a shard limit that an index per table (ten) would pass. Each table
+    reads as its own through its alias (`_id` = `<alias>:<key>`) and converges by position
+    (deletes, a truncate, a replay from a deleted checkpoint); `cdc verify` finds it equal; a
+    rebuild packs a new generation and drops the old; a job asking for the other layout stops
+    in one line, and a rebuild with that setting lays the tables out again."""
+    base = opensearch.url
+    for table in "abcde":
+        db.execute(f"CREATE TABLE public.{table} (id int PRIMARY KEY, code {'text' if table == 'e' else 'int'})")
+        db.execute(f"INSERT INTO public.{table} SELECT g, g FROM generate_series(1, 40) g")
+    daemon, slot = run_daemon(["public.*"])
+    wait_caught_up(db.dsn, slot, daemon)
+    prefix = alias_name(topic_prefix)
+    aliases = {t: alias_name(f"{topic_prefix}.public.{t}") for t in "abcde"}
+    config = _config(tmp_path, db, broker_servers, topic_prefix, base, search={"tables_per_index": 3})
+    sink = Sink(config, tmp_path / "sink.log", store="search")
+
+    def expected(shared: bool = True) -> dict[str, Any]:
+        return {t: {f'{aliases[t]}:{{"id":{id_}}}' if shared else f'{{"id":{id_}}}': {"id": id_, "code": code}
+                    for id_, code in db.fetchall(f"SELECT id, code FROM public.{t}")} for t in "abcde"}
+
+    def held() -> dict[str, Any]:
+        return {t: _rows(base, f"{topic_prefix}.public.{t}") for t in "abcde"}
+
+    def layout() -> dict[str, str]:
+        answer = _ok(base, "GET", f"/_alias/{prefix}.*")
+        return {alias: index for index, entry in answer.items() for alias in entry["aliases"]}
+
+    limit = "cluster.max_shards_per_node"
+    opened = _open_shards(base)
+    try:
+        # the job's record, three shared indexes and the markers' fit the limit; ten indexes would not
+        _ok(base, "PUT", "/_cluster/settings", {"persistent": {limit: opened + 5}})
+        assert "0 dead letters" in sink.once()
+        first = [f"{prefix}-shared{n}-v1" for n in (1, 2, 3)]
+        assert layout() == {aliases["a"]: first[0], aliases["b"]: first[0], aliases["c"]: first[0],
+                            aliases["d"]: first[1], aliases["e"]: first[2]}
+        assert held() == expected()
+        assert _ids(base, aliases["e"], {"term": {"code.keyword": "7"}}) == [f'{aliases["e"]}:{{"id":7}}']
+        db.execute("DELETE FROM public.a WHERE id <= 10")
+        db.execute("UPDATE public.b SET code = -code WHERE id % 2 = 0")
+        db.execute("TRUNCATE public.c")
+        db.execute("INSERT INTO public.c VALUES (100, 1)")
+        db.execute("UPDATE public.e SET code = 'x' || code WHERE id < 5")
+        wait_caught_up(db.dsn, slot, daemon)
+        assert "0 dead letters" in sink.once()
+        assert held() == expected()
+        shutil.rmtree(tmp_path / "checkpoints")  # a replay of every change: nothing deleted comes back
+        sink.once()
+        assert held() == expected()
+        verified = cdc_here("verify", "--stores", "search", "--config", str(config))
+        assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+        # a document deleted behind the job's back and one changed: `cdc verify` names each by its key
+        doc = lambda t, i: quote(f'{aliases[t]}:{{"id":{i}}}', safe="")  # noqa: E731
+        _ok(base, "DELETE", f"/{aliases['a']}/_doc/{doc('a', 11)}?refresh=true")
+        _ok(base, "PUT", f"/{aliases['d']}/_doc/{doc('d', 3)}?refresh=true",
+            {"id": 3, "code": -1, "_cdc_table": aliases["d"]})
+        tampered = cdc_here("verify", "--stores", "search", "--config", str(config), "--json")
+        assert tampered.returncode == 1, tampered.stdout[-3000:] + tampered.stderr[-3000:]
+        found = {(side["table"], e["key"], e["kind"]) for table in orjson.loads(tampered.stdout)["tables"]
+                 for side in table["sides"] for e in side["examples"]}
+        assert found == {("public.a", '{"id":11}', "missing"), ("public.d", '{"id":3}', "different")}, found
+
+        # a rebuild: the next generation, packed the same way, then the old one dropped
+        _ok(base, "PUT", "/_cluster/settings", {"persistent": {limit: opened + 8}})
+        done = cdc_here("search", "rebuild", "--config", str(config))
+        assert done.returncode == 0, done.stderr[-3000:]
+        second = [f"{prefix}-shared{n}-v2" for n in (1, 2, 3)]
+        assert done.stdout.splitlines()[-1] == "search rebuild: 5 indexes swapped"
+        assert layout() == {aliases["a"]: second[0], aliases["b"]: second[0], aliases["c"]: second[0],
+                            aliases["d"]: second[1], aliases["e"]: second[2]}
+        assert all(HTTP.request("HEAD", f"{base}/{index}").status == 404 for index in first)
+        assert held() == expected()
+
+        # a job set for an index per table meets the shared layout: one line, nothing written
+        config = _config(tmp_path, db, broker_servers, topic_prefix, base, search={"tables_per_index": 1})
+        failed = [line for line in Sink(config, tmp_path / "one.log", store="search").once(exit_code=1).splitlines()
+                  if line.startswith("error: ")]
+        assert len(failed) == 1 and re.fullmatch(
+            rf"error: OpenSearch at {re.escape(base)}: {re.escape(prefix)}-shared\d-v2 behind {re.escape(prefix)}"
+            r"\.public\.[a-e] shares indexes between tables, and \[search\] tables_per_index = 1 asks for the other "
+            r"layout: run `cdc search rebuild` with it \(readers keep the current indexes until its switch\), or set "
+            r"it back", failed[0]), failed
+        # its rebuild lays every table out in an index of its own, and the shared indexes and markers go
+        _ok(base, "PUT", "/_cluster/settings", {"persistent": {limit: opened + 5 + 5 + 5}})
+        done = cdc_here("search", "rebuild", "--config", str(config))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert layout() == {alias: f"{alias}-v2" for alias in aliases.values()}
+        assert _ok(base, "GET", f"/{prefix}-shared*,{prefix}-markers?expand_wildcards=all&ignore_unavailable=true") == {}
+        assert "0 dead letters" in Sink(config, tmp_path / "one.log", store="search").once()
+        assert held() == expected(shared=False)
+    finally:
+        _ok(base, "PUT", "/_cluster/settings", {"persistent": {limit: None}})
+    assert daemon.stop() == 0

@@ -496,9 +496,11 @@ def test_guard_calls_packed_column_by_column_are_the_commands_redis_reads() -> N
     ]
 
 
-def test_search_upserts_packed_column_by_column_are_the_documents_of_the_row_path() -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["index-per-table", "shared"])
+def test_search_upserts_packed_column_by_column_are_the_documents_of_the_row_path(shared: bool) -> None:
     """A table whose rows need no converting has its upserts packed from the columns; one with
-    dates goes row by row: both give the action and `_source` the row-by-row writer gave."""
+    dates goes row by row: both give the action and `_source` the row-by-row writer gave. In
+    shared indexes, `_id` starts with the table's alias and the document names its table."""
     from sinks.latest import changes_table, position
     from sinks.stores.search.opensearch import versioned
     from sinks.stores.search.shapes import Documents
@@ -515,14 +517,16 @@ def test_search_upserts_packed_column_by_column_are_the_documents_of_the_row_pat
         def ok(self, method: str, path: str, body: bytes) -> dict:
             return {"docs": [{"found": False}] * body.count(b'{"_index"')}
 
-    writer = SearchWriter(Settings(None, "false", 1 << 20, 1000), registry)  # no endpoint: no request leaves
+    writer = SearchWriter(Settings(None, "false", 1 << 20, 1000, "x", shared), registry)  # no request leaves
     writer._client = NoMarkers()
     rows = [("x.public.p", '{"id":1}', '{"id":1,"s":"q\\"é"}'), ("x.public.d", '{"id":"k\\"1"}', '{"id":2,"d":19782}')]
     changes = changes_table([(t, k, "u", 7, 3, 0, i, row, []) for i, (t, k, row) in enumerate(rows)])
     (actions,) = list(writer._actions(changes))
     documents = Documents(registry)
+    table = (lambda t: {"_cdc_table": t}) if shared else (lambda t: {})  # noqa: E731
     assert [a.lines for a in actions] == [
-        versioned("index", t, k, 7) + orjson.dumps(documents.source(t, 7, orjson.loads(row), position(7, 3))) + b"\n"
+        versioned("index", t, f"{t}:{k}" if shared else k, 7)
+        + orjson.dumps({**documents.source(t, 7, orjson.loads(row), position(7, 3)), **table(t)}) + b"\n"
         for t, k, row in rows
     ]
     assert [a.origin for a in actions] == [("x.public.p", 0, 0), ("x.public.d", 0, 1)]
@@ -748,3 +752,31 @@ def test_every_registered_store_has_the_rebuild_verb_with_its_help() -> None:
         assert shown.exit_code == 0, shown.output
         assert " ".join(store.rebuilds.split()) in " ".join(shown.output.split())
         assert callable(store.load().rebuild)
+
+
+def test_tables_pack_into_shared_indexes_whose_fields_agree() -> None:
+    """`[search] tables_per_index`: a new table joins the first shared index with room whose
+    fields agree with its own; a column named like another table's with another type, or
+    more fields than a mapping may hold, takes another index."""
+    from sinks.stores.search.shapes import (
+        SHARED_FIELDS,
+        field_count,
+        pack,
+        shared_name,
+        shared_place,
+    )
+
+    number, keyword = {"type": "integer"}, {"type": "keyword"}
+    names = iter(["new1", "new2", "new3"])
+    placed = pack([("a", {"id": number}), ("b", {"id": number, "code": number}), ("c", {"id": number, "code": keyword}),
+                   ("d", {"id": number})], {"old": (1, {"id": number})}, 2, lambda: next(names))
+    assert placed == {"a": "old", "b": "new1", "c": "new2", "d": "new1"}
+    wide = {f"a{i}": number for i in range(SHARED_FIELDS // 2 + 1)}
+    other = {f"b{i}": number for i in range(SHARED_FIELDS // 2 + 1)}
+    names = iter(["x", "y"])
+    assert pack([("a", wide), ("b", other)], {}, 10, lambda: next(names)) == {"a": "x", "b": "y"}
+    text = {"type": "text", "fields": {"keyword": {"type": "keyword"}}}
+    point = {"properties": {"x": number, "y": number}}
+    assert field_count({"t": text, "p": point, "n": number}) == 6
+    assert shared_place("cdc", shared_name("cdc", 3, 2)) == (3, 2)
+    assert shared_place("cdc", "cdc.public.t-v1") is None and shared_place("cdc", "cdcx-shared1-v1") is None

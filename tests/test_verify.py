@@ -298,7 +298,7 @@ def test_tampered_sides_are_reported_and_exit_1(stack: Stack) -> None:
     cache.set(f"{stack.acct}:{added}", orjson.dumps({"id": 99999, "version": 1, "note": "added"}))
     cache.set(f"{stack.acct}:{changed}", orjson.dumps({"id": b, "version": -7, "note": "changed"}))
     # the index: the same, through its alias
-    client = Settings.of(stack.config.search).client()
+    client = Settings.of(stack.config.search, stack.config.topic.prefix).client()
     index = alias_name(stack.acct)
     client.ok("DELETE", f"/{index}/_doc/{_path(gone)}?refresh=true")
     client.ok("PUT", f"/{index}/_doc/{_path(added)}?refresh=true", {"id": 99999, "version": 1, "note": "added"})

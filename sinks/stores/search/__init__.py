@@ -36,6 +36,12 @@ class SearchConfig:
     bulk_bytes: int = opt(5 * 1024 * 1024, "largest `_bulk` request body, in bytes", low=1024)
     shards: int = opt(1, "primary shards of a new index", low=1, high=1024)
     replicas: int = opt(1, "replicas of a new index (0 on a one-node cluster keeps it green)", low=0, high=32)
+    tables_per_index: int = opt(
+        1, "tables one index holds: 1, an index of its own per table (`_id` = the key's JSON); more, tables "
+        "packed into shared indexes, each behind its own filtered alias (`_id` = `<alias>:<key JSON>`), so "
+        "that a schema of hundreds of tables fits the cluster's shard limit; change it with `cdc search rebuild`",
+        low=1, high=10000,
+    )
     marker_ttl_s: int = opt(
         7 * 86400, "how long a delete marker (a deleted row's position) lives: longer than any replay "
         "(a checkpoint deleted, a job stopped) may take to reach the delete", low=1,
@@ -44,8 +50,8 @@ class SearchConfig:
 
 REGISTRATION = Registration(
     "search", "the OpenSearch index at [search] url",
-    "OpenSearch, an index per table behind an alias named after its topic, _id = the key's JSON, "
-    "_source = the row",
+    "OpenSearch, an index per table (or tables packed into shared indexes) behind an alias named after "
+    "its topic, _id = the key's JSON, _source = the row",
     "Fill every table's index again from the topics, beside the current one, then swap the aliases "
     "in one step and drop the old indexes: readers never see an index missing or half full. Adopts "
     "new mappings (a column whose type changed). A running `cdc sink search` may go on; on [spark] "

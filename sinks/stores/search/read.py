@@ -20,8 +20,8 @@ from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 from sinks.latest import parse_position
 from sinks.stores.search import SearchConfig
 from sinks.stores.search.opensearch import path_of, scroll
-from sinks.stores.search.shapes import POSITION, alias_name, markers_name
-from sinks.stores.search.store import Settings
+from sinks.stores.search.shapes import POSITION, alias_name
+from sinks.stores.search.store import Settings, key_of
 
 _TIMESTAMPS = {"io.debezium.time.Timestamp": 1000, "io.debezium.time.MicroTimestamp": 1}  # event unit in µs
 _EPOCH = datetime(1970, 1, 1)
@@ -56,15 +56,17 @@ def event_form(source: dict[str, Any], table: TableSpec) -> dict[str, Any]:
 class SearchSide:
     name = "search"
 
-    def __init__(self, config: SearchConfig) -> None:
-        self.client = Settings.of(config).client()
+    def __init__(self, config: SearchConfig, prefix: str) -> None:
+        self.settings = Settings.of(config, prefix)
+        self.client = self.settings.client()
 
     def _pairs(self, table: TableSpec) -> Iterator[tuple[bytes, dict[str, Any]]]:
         """(`_id`, `_source`) of every document behind the table's alias."""
+        alias = alias_name(table.topic)
         query = {"size": PAGE, "sort": ["_doc"], "query": {"match_all": {}}}
-        for hits in scroll(self.client, f"/{path_of(alias_name(table.topic))}/_search", query):
+        for hits in scroll(self.client, f"/{path_of(alias)}/_search", query):
             for hit in hits:
-                yield hit["_id"].encode(), hit["_source"]
+                yield key_of(alias, hit["_id"]).encode(), hit["_source"]
 
     def digest(self, table: TableSpec) -> Digest:
         return digest_of(self._pairs(table), lambda s: row_values(event_form(s, table), table.columns), table.bits)
@@ -75,14 +77,14 @@ class SearchSide:
 
     def fetch(self, table: TableSpec, keys: list[bytes]) -> dict[bytes, Found]:
         alias = alias_name(table.topic)
-        ids = [k.decode() for k in keys]
+        ids = {self.settings.doc_id(alias, k.decode()): k.decode() for k in keys}  # _id -> key
         out: dict[bytes, Found] = {}
         for start in range(0, len(ids), PAGE):
-            chunk = ids[start:start + PAGE]
+            chunk = list(ids)[start:start + PAGE]
             docs = self._mget(alias, chunk, f"_source=true&stored_fields={POSITION}")
-            markers = self._mget(markers_name(alias), chunk, "_source=true")
-            for key in chunk:
-                doc, marker = docs.get(key), markers.get(key)
+            markers = self._mget(self.settings.markers(alias), chunk, "_source=true")
+            for doc_id in chunk:
+                key, doc, marker = ids[doc_id], docs.get(doc_id), markers.get(doc_id)
                 if doc is not None:
                     values = row_values(event_form(doc.get("_source") or {}, table), table.columns)
                     stored = (doc.get("fields") or {}).get(POSITION, [""])[0]
@@ -100,4 +102,4 @@ class SearchSide:
 
 
 def side(config: Config, spark: Callable[[], Any]) -> SearchSide:
-    return SearchSide(config.search)
+    return SearchSide(config.search, config.topic.prefix)

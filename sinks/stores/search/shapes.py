@@ -101,13 +101,77 @@ POSITION = "_cdc_pos"
 _POSITION_FIELD = {"type": "keyword", "store": True}
 
 
-def mapping(version: Version, flat: str = "flat_object") -> dict[str, Any]:
+#: in a shared index, each document's table (its alias), which the table's filtered alias
+#: selects: searchable, never in `_source`
+TABLE = "_cdc_table"
+_TABLE_FIELD = {"type": "keyword"}
+
+
+def mapping(version: Version, flat: str = "flat_object", shared: bool = False) -> dict[str, Any]:
     """The index mapping of a table version: strict, so a field no version declared is a
     rejection, never a guessed type. `flat`: OpenSearch's flat_object, Elasticsearch's flattened.
-    Beside the columns, the document's position, out of `_source` (readers see the row)."""
+    Beside the columns, the document's position (and in a shared index its table), out of
+    `_source` (readers see the row)."""
     fields = {c.name: _field(c.connect, c.type, flat) for c in version.columns}
-    return {"dynamic": "strict", "_source": {"excludes": [POSITION]},
-            "properties": {**fields, POSITION: _POSITION_FIELD}}
+    if not shared:
+        return {"dynamic": "strict", "_source": {"excludes": [POSITION]},
+                "properties": {**fields, POSITION: _POSITION_FIELD}}
+    return {"dynamic": "strict", "_source": {"excludes": [POSITION, TABLE]},
+            "properties": {**fields, POSITION: _POSITION_FIELD, TABLE: _TABLE_FIELD}}
+
+
+# --------------------------------------------------------------------------- shared indexes
+
+#: the fields a shared index may map, under OpenSearch's `index.mapping.total_fields.limit` (1,000)
+SHARED_FIELDS = 900
+
+
+def shared_name(base: str, number: int, generation: int = 1) -> str:
+    """A shared index of the prefix `base` (`[search] tables_per_index` > 1):
+    `<base>-shared<n>-v<generation>` (`-s`: never in an alias)."""
+    return f"{base}-shared{number}-v{generation}"
+
+
+def shared_place(base: str, index: str) -> tuple[int, int] | None:
+    """(number, generation) of a shared index of the prefix `base`; None for any other name."""
+    found = re.fullmatch(re.escape(base) + r"-shared(\d+)-v(\d+)", index)
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def shared_markers(base: str) -> str:
+    """The delete markers of every table of a shared layout: one index, not one per table."""
+    return f"{base}-markers"
+
+
+def filtered(alias: str) -> dict[str, Any]:
+    """What a table's alias on a shared index selects: its own documents."""
+    return {"filter": {"term": {TABLE: alias}}}
+
+
+def field_count(properties: dict[str, Any]) -> int:
+    """The fields a mapping's properties count against `index.mapping.total_fields.limit`
+    (objects and multi-fields included)."""
+    return sum(1 + field_count(spec.get("properties", {})) + field_count(spec.get("fields", {}))
+               for spec in properties.values())
+
+
+def pack(tables: list[tuple[str, dict[str, Any]]], indexes: dict[str, tuple[int, dict[str, Any]]],
+         per_index: int, fresh: Callable[[], str]) -> dict[str, str]:
+    """Where each new table (alias, its fields) goes: the first of `indexes` (name -> tables it
+    holds, its fields) with room for one more table, whose fields agree with the table's (a
+    column named like another table's with another type cannot share its mapping) and stay
+    under SHARED_FIELDS together; else a new one, named by `fresh()`. Alias -> index."""
+    held = {name: (count, dict(fields)) for name, (count, fields) in indexes.items()}
+    placed = {}
+    for alias, fields in tables:
+        fits = [name for name, (count, there) in held.items()
+                if count < per_index and all(there.get(f, spec) == spec for f, spec in fields.items())
+                and field_count({**there, **fields}) <= SHARED_FIELDS]
+        name = fits[0] if fits else fresh()
+        count, there = held.get(name, (0, {}))
+        held[name] = (count + 1, {**there, **fields})
+        placed[alias] = name
+    return placed
 
 
 # --------------------------------------------------------------------------- documents

@@ -48,13 +48,19 @@ from sinks.stores.search.opensearch import (
 from sinks.stores.search.shapes import (
     POSITION,
     REBUILD_SUFFIX,
+    TABLE,
     Documents,
     alias_name,
+    filtered,
     generation,
     index_name,
     mapping,
     markers_name,
+    pack,
     rebuild_alias,
+    shared_markers,
+    shared_name,
+    shared_place,
 )
 from sinks.versions import Registry, Version
 
@@ -77,15 +83,26 @@ class Settings:
     refresh: str
     bulk_bytes: int
     marker_ttl_ms: int
+    base: str  # the prefix's alias: the shared indexes' and markers' names start with it
+    shared: bool = False  # tables packed into shared indexes ([search] tables_per_index > 1)
     rebuild: bool = False  # write through the rebuild's aliases, not the readers'
 
     @classmethod
-    def of(cls, config: SearchConfig, rebuild: bool = False) -> Settings:
-        return cls(Endpoint.of(config), config.refresh, config.bulk_bytes, config.marker_ttl_s * 1000, rebuild)
+    def of(cls, config: SearchConfig, prefix: str, rebuild: bool = False) -> Settings:
+        return cls(Endpoint.of(config), config.refresh, config.bulk_bytes, config.marker_ttl_s * 1000,
+                   alias_name(prefix), config.tables_per_index > 1, rebuild)
 
     def target(self, alias: str) -> str:
         """Where the writes for the readers' `alias` go."""
         return rebuild_alias(alias) if self.rebuild else alias
+
+    def doc_id(self, alias: str, key: str) -> str:
+        """A row's `_id`: its key's JSON, after its table's alias in a shared index."""
+        return f"{alias}:{key}" if self.shared else key
+
+    def markers(self, alias: str) -> str:
+        """Where the table's delete markers are."""
+        return shared_markers(self.base) if self.shared else markers_name(alias)
 
     def client(self) -> Client:
         return self.endpoint.client()
@@ -94,8 +111,14 @@ class Settings:
         return Bulk(client, self.bulk_bytes, self.refresh)
 
 
-def marker(alias: str, key: str, version: int, pos: str, now_ms: int) -> Action:
-    return Action(versioned("index", markers_name(alias), key, version, alias=False)
+def key_of(alias: str, doc_id: str) -> str:
+    """The key of a document of the table `alias`, whichever layout holds it (a key's JSON
+    starts with `{`, an alias never does)."""
+    return doc_id.removeprefix(f"{alias}:")
+
+
+def marker(index: str, doc_id: str, version: int, pos: str, now_ms: int) -> Action:
+    return Action(versioned("index", index, doc_id, version, alias=False)
                   + orjson.dumps({"at": now_ms, "pos": pos}) + b"\n", None)
 
 
@@ -127,8 +150,9 @@ class SearchWriter(RowWriter):
             self._client = None
 
     def held(self, topic: str, keys: list[str], columns: set[str]) -> list[dict[str, Any] | None]:
-        target = self.settings.target(alias_name(topic))
-        docs = [{"_index": target, "_id": key, "_source": sorted(columns)} for key in keys]
+        alias = alias_name(topic)
+        target = self.settings.target(alias)
+        docs = [{"_index": target, "_id": self.settings.doc_id(alias, key), "_source": sorted(columns)} for key in keys]
         found = self.client.ok("POST", "/_mget", {"docs": docs})["docs"]
         return [doc.get("_source") if doc.get("found") else None for doc in found]
 
@@ -154,12 +178,20 @@ class SearchWriter(RowWriter):
         targets = {topic: self.settings.target(alias) for topic, alias in aliases.items()}
         which = pc.index_in(changes["topic"], value_set=pa.array(names, pa.string()))
 
-        def per_topic(value: dict[str, str]) -> pa.ChunkedArray:
-            return pc.take(pa.array([orjson.dumps(value[topic]) for topic in names], pa.binary()), which)
+        def per_topic(value: dict[str, bytes]) -> pa.ChunkedArray:
+            """Each change's topic's bytes in `value`."""
+            return pc.take(pa.array([value[topic] for topic in names], pa.binary()), which)
 
-        ids = json_strings(changes["key"])
+        def per_topic_json(value: dict[str, str]) -> pa.ChunkedArray:
+            return per_topic({topic: orjson.dumps(text) for topic, text in value.items()})
+
+        shared = self.settings.shared
+        doc_ids = pc.binary_join_element_wise(
+            per_topic({t: a.encode() for t, a in aliases.items()}), changes["key"].cast(pa.binary()), b":",
+        ) if shared else changes["key"]
+        ids = json_strings(doc_ids)
         lookups = pc.binary_join_element_wise(
-            b',{"_index":', per_topic({t: markers_name(a) for t, a in aliases.items()}), b',"_id":', ids,
+            b',{"_index":', per_topic_json({t: self.settings.markers(a) for t, a in aliases.items()}), b',"_id":', ids,
             b',"_source":["pos"]}', b"",
         )
         rows = compact_json(changes["row"])
@@ -168,10 +200,12 @@ class SearchWriter(RowWriter):
             pc.fill_null(pc.greater(pc.binary_length(rows), 2), False),
         )
         upserts = pc.if_else(plain, pc.binary_join_element_wise(
-            b'{"index":{"_index":', per_topic(targets), b',"_id":', ids, b',"version":',
+            b'{"index":{"_index":', per_topic_json(targets), b',"_id":', ids, b',"version":',
             pc.cast(pc.cast(changes["lsn"], pa.string()), pa.binary()),
             b',"version_type":"external_gte","require_alias":true}}\n', pc.binary_slice(rows, 0, -1),
-            b',"%b":"' % POSITION.encode(), changes["pos"].cast(pa.binary()), b'"}\n', b"",
+            b',"%b":"' % POSITION.encode(), changes["pos"].cast(pa.binary()), b'"',
+            per_topic({t: b',"%b":%b' % (TABLE.encode(), orjson.dumps(a)) for t, a in aliases.items()})
+            if shared else b"", b"}\n", b"",
         ), pa.scalar(None, pa.binary())).to_pylist()
         row_texts = rows.to_pylist() if None in upserts else []
         for start in range(0, len(topics), CHUNK_KEYS):
@@ -179,7 +213,8 @@ class SearchWriter(RowWriter):
             lone = [i for i in range(start, stop) if lsns[i] is None]  # tombstones without a position
             docs = b"".join(
                 b',{"_index":%b,"_id":%b,"_source":false,"stored_fields":["%b"]}'
-                % (orjson.dumps(targets[topics[i]]), orjson.dumps(keys[i]), POSITION.encode()) for i in lone
+                % (orjson.dumps(targets[topics[i]]), orjson.dumps(self.settings.doc_id(aliases[topics[i]], keys[i])),
+                   POSITION.encode()) for i in lone
             )
             body = b'{"docs":[' + (concatenated(lookups.slice(start, stop - start)) + docs)[1:] + b"]}"
             found = self.client.ok("POST", self.LOOKUP, body)["docs"]
@@ -190,13 +225,16 @@ class SearchWriter(RowWriter):
                 topic, key, kind, lsn, pos = topics[i], keys[i], kinds[i], lsns[i], positions[i]
                 marked = (marker_doc["_version"], marker_doc["_source"]["pos"]) if marker_doc.get("found") else None
                 target, origin = targets[topic], (topic, partitions[i], offsets[i])
+                doc_id = self.settings.doc_id(aliases[topic], key)
                 if kind == "u":
                     if marked is not None and marked[1] >= pos:
                         continue  # deleted at this position or a later one: a replay must not bring it back
                     lines = upserts[i]
                     if lines is None:  # a row with columns to convert
-                        document = orjson.dumps(self.documents.source(topic, lsn, orjson.loads(row_texts[i]), pos))
-                        lines = versioned("index", target, key, lsn) + document + b"\n"
+                        source = self.documents.source(topic, lsn, orjson.loads(row_texts[i]), pos)
+                        if shared:
+                            source[TABLE] = aliases[topic]
+                        lines = versioned("index", target, doc_id, lsn) + orjson.dumps(source) + b"\n"
                     actions.append(Action(lines, origin))
                     continue
                 version = lsn
@@ -205,16 +243,16 @@ class SearchWriter(RowWriter):
                     if not doc.get("found"):
                         continue
                     version, pos = max((doc["_version"], _stored_position(doc)), marked or (0, ""))
-                actions.append(Action(versioned("delete", target, key, version), origin))
-                actions.append(marker(aliases[topic], key, version, pos, now_ms))
+                actions.append(Action(versioned("delete", target, doc_id, version), origin))
+                actions.append(marker(self.settings.markers(aliases[topic]), doc_id, version, pos, now_ms))
             yield actions
 
     def positions(self, topic: str) -> Iterator[list[tuple[str, str]]]:
-        target = self.settings.target(alias_name(topic))
+        alias = alias_name(topic)
         query = {"query": {"match_all": {}}, "_source": False, "stored_fields": [POSITION], "size": CHUNK_KEYS,
                  "sort": ["_doc"]}
-        for hits in scroll(self.client, f"/{path_of(target)}/_search", query):
-            yield [(hit["_id"], _stored_position(hit)) for hit in hits]
+        for hits in scroll(self.client, f"/{path_of(self.settings.target(alias))}/_search", query):
+            yield [(key_of(alias, hit["_id"]), _stored_position(hit)) for hit in hits]
 
 
 class SearchStore(RowStore):
@@ -233,7 +271,7 @@ class SearchStore(RowStore):
 
     def __init__(self, config: SearchConfig, prefix: str, rebuild: bool = False) -> None:
         self.name = "search-rebuild" if rebuild else "search"
-        self.settings = Settings.of(config, rebuild)
+        self.settings = Settings.of(config, prefix, rebuild)
         self.where = self.settings.endpoint.where
         self.config = config
         self.prefix = prefix
@@ -241,6 +279,8 @@ class SearchStore(RowStore):
         self.doc = "rebuild" if rebuild else "job"
         self.filled: set[str] = set()  # the aliases this job has written to (kept in its bookkeeping)
         self.mapped: dict[str, set[str]] = {}  # alias -> the fields its index maps
+        self.shared: dict[str, set[str]] = {}  # a shared index -> its fields (each of its aliases' `mapped`)
+        self.placed: dict[str, str] = {}  # a new table's alias -> the shared index it joins
         self.flat = "flat_object"
 
     def _client(self) -> Client:
@@ -251,7 +291,7 @@ class SearchStore(RowStore):
         try:
             distribution = client.ok("GET", "/")["version"].get("distribution", "elasticsearch")
             self.flat = "flat_object" if distribution == "opensearch" else "flattened"
-            self.mapped = {}  # read again: a failed batch may have met a changed cluster
+            self.mapped, self.shared = {}, {}  # read again: a failed batch may have met a changed cluster
             self._ensure_meta(client)
             record = self._record(client)
             if record is None or not resumed:  # a new checkpoint: the indexes are filled from the earliest offsets
@@ -259,13 +299,17 @@ class SearchStore(RowStore):
                 if self.settings.rebuild:
                     behind = self._drop_unfinished(client)  # the readers' aliases stay as they were
                     readers = sorted(a for a in behind if not a.endswith(REBUILD_SUFFIX))
-                    self._room_for(client, readers, len(readers), "a rebuild's new generation of")
+                    per_index = self.config.tables_per_index
+                    self._room_for(client, readers, -(-len(readers) // per_index), "a rebuild's new generation of")
             else:
                 self.filled = set(record.get("indexes", []))
                 behind = self._behind(client)
                 gone = sorted(a for a in self.filled if self.settings.target(a) not in behind)
                 if gone:
                     raise StoreLost(f"{client.where} lost the index behind {gone[0]}, which this job filled")
+                for alias in sorted(self.filled):
+                    for index in behind[self.settings.target(alias)]:
+                        self._same_layout(client, index, alias, bool(shared_place(self.settings.base, index)))
             self._expire_markers(client)
         finally:
             client.close()
@@ -323,17 +367,61 @@ class SearchStore(RowStore):
             answers = {a: {i: found[i] for i in [*behind.get(self.settings.target(a), []), self.settings.target(a)]
                            if i in found} or None for a in unseen}
             new = [a for a in unseen if answers[a] is None]
-            markers = [] if self.settings.rebuild else [a for a in new if markers_name(a) not in found]
-            self._room_for(client, new, len(new) + len(markers), "the indexes of")
+            if self.settings.shared:
+                versions = {alias_name(t): registry.versions(t)[-1] for t in topics}
+                made = self._pack(found, behind, [(a, versions[a]) for a in sorted(new)])
+                markers = [] if shared_markers(self.settings.base) in found else [shared_markers(self.settings.base)]
+                self._room_for(client, new, len(made) + len(markers) if new else 0, "the indexes of")
+                for name in markers if new else []:
+                    create_index(client, name, {"settings": {"index": {**self._index_settings(), "hidden": True}},
+                                                "mappings": MARKER_MAPPING})
+            else:
+                markers = [] if self.settings.rebuild else [a for a in new if markers_name(a) not in found]
+                self._room_for(client, new, len(new) + len(markers), "the indexes of")
+            joining: list[dict[str, Any]] = []  # the new tables' aliases on shared indexes, added in one call
             for topic in topics:
-                self.ensure_index(client, topic, registry.versions(topic)[-1], answers.get(alias_name(topic)))
+                self.ensure_index(client, topic, registry.versions(topic)[-1], answers.get(alias_name(topic)), joining)
+            if joining:
+                client.ok("POST", "/_aliases", {"actions": joining})
+                log.info("%s: %d tables joined shared indexes", client.where, len(joining))
         finally:
             client.close()
 
     def _mappings(self, client: Client) -> dict[str, Any]:
         """Every index of the prefix (hidden ones too) -> its mapping entry."""
-        path = f"/{path_of(alias_name(self.prefix))}.*/_mapping?expand_wildcards=all"
+        base = path_of(self.settings.base)
+        path = f"/{base}.*,{base}-shared*,{base}-markers/_mapping?expand_wildcards=all&ignore_unavailable=true"
         return client.ok("GET", path, missing_ok=True) or {}
+
+    def _pack(self, found: dict[str, Any], behind: dict[str, list[str]], tables: list[tuple[str, Version]]) -> list[str]:
+        """Place each new table in a shared index of the generation this job writes (`placed`):
+        one that holds fewer than `[search] tables_per_index` tables, with fields that agree
+        with the table's (sinks.stores.search.shapes.pack), or a new one. The new indexes' names."""
+        base = self.settings.base
+        places = {index: place for index in [*found, *(i for indexes in behind.values() for i in indexes)]
+                  if (place := shared_place(base, index))}
+        mine: dict[str, int] = {}  # the shared indexes behind the aliases this job writes, and their tables
+        for alias, indexes in behind.items():
+            if alias.endswith(REBUILD_SUFFIX) == self.settings.rebuild:
+                for index in indexes:
+                    if index in places:
+                        mine[index] = mine.get(index, 0) + 1
+        generations = {places[index][1] for index in mine}
+        if generations:
+            now = max(generations)
+        else:  # a rebuild's first: the generation after every one there is
+            now = max([0 if self.settings.rebuild else 1, *(g for _, g in places.values())]) + self.settings.rebuild
+        numbers = [n for n, g in places.values() if g == now]
+        fresh = iter(shared_name(base, n, now) for n in range(max(numbers, default=0) + 1, 1 << 30))
+        fields = {index: found.get(index, {}).get("mappings", {}).get("properties", {}) for index in mine}
+        for index in mine:
+            self.shared.setdefault(index, set(fields[index]))
+        ordered = sorted(mine, key=lambda index: places[index][0])
+        placed = pack([(alias, mapping(version, self.flat, shared=True)["properties"]) for alias, version in tables],
+                      {index: (mine[index], fields[index]) for index in ordered}, self.config.tables_per_index,
+                      lambda: next(fresh))
+        self.placed.update(placed)
+        return sorted(set(placed.values()) - set(mine))
 
     def _room_for(self, client: Client, aliases: list[str], indexes: int, what: str) -> None:
         """Refuse, in one line and before creating any, indexes the cluster's shard limit
@@ -352,7 +440,7 @@ class SearchStore(RowStore):
             f"{len(aliases)} tables need {need} "
             f"({indexes} indexes of {per_index}: [search] shards = {self.config.shards}, replicas = "
             f"{self.config.replicas}): raise {SHARD_LIMIT} to at least {enough} (PUT _cluster/settings), add data "
-            "nodes, or capture fewer tables into this cluster"
+            "nodes, share indexes between tables ([search] tables_per_index), or capture fewer tables into this cluster"
         )
 
     def after_batch(self, topics: list[str]) -> None:
@@ -377,6 +465,7 @@ class SearchStore(RowStore):
         only loses the rebuild's alias). The aliases as they were before (`_behind`)."""
         behind = self._behind(client)
         actions: list[dict[str, Any]] = []
+        dropped: set[str] = set()  # a shared index is behind many of the rebuild's aliases
         for alias, indexes in behind.items():
             readers = alias.removesuffix(REBUILD_SUFFIX)
             if readers == alias:
@@ -384,7 +473,8 @@ class SearchStore(RowStore):
             for index in indexes:
                 if index in behind.get(readers, []):
                     actions.append({"remove": {"index": index, "alias": alias}})
-                else:
+                elif index not in dropped:
+                    dropped.add(index)
                     actions.append({"remove_index": {"index": index}})
                     log.info("%s: dropped %s, left by an unfinished rebuild", client.where, index)
         if actions:
@@ -411,16 +501,18 @@ class SearchStore(RowStore):
                 old = [index for index in behind.get(alias, []) if index != new]
                 if new in behind.get(alias, []) and not old:
                     continue  # swapped before (a resumed rebuild)
-                actions.append({"add": {"index": new, "alias": alias}})
+                shared = filtered(alias) if shared_place(self.settings.base, new) else {}
+                actions.append({"add": {"index": new, "alias": alias, **shared}})
                 actions += [{"remove": {"index": index, "alias": alias}} for index in old]
                 moved.append((alias, old, new))
-            for _, old, new in moved:
+            news = list(dict.fromkeys(new for _, _, new in moved))  # a shared index holds many tables
+            for new in news:
                 client.ok("POST", f"/{path_of(new)}/_refresh")  # searchable as it is at the swap
-                for index in old:
-                    client.ok("PUT", f"/{path_of(index)}/_settings", {"index": {"hidden": True}})
+            for index in dict.fromkeys(index for _, old, _ in moved for index in old):
+                client.ok("PUT", f"/{path_of(index)}/_settings", {"index": {"hidden": True}})
             if actions:
                 client.ok("POST", "/_aliases", {"actions": actions})
-            for _, _, new in moved:
+            for new in news:
                 self._show(client, new)
             return moved
         finally:
@@ -439,13 +531,14 @@ class SearchStore(RowStore):
             behind = self._behind(client)
             rebuilt = [(target, index) for target in map(self.settings.target, sorted(self.filled))
                        for index in behind.get(target, [])]
-            for _, index in rebuilt:  # again: a rebuild may have stopped right after its swap
+            for index in dict.fromkeys(index for _, index in rebuilt):  # again: it may have stopped after its swap
                 self._show(client, index)
             actions: list[dict[str, Any]] = [{"remove": {"index": index, "alias": target}} for target, index in rebuilt]
             for alias in sorted(self.filled):
                 there = client.ok("GET", f"/{path_of(alias)}-v*?expand_wildcards=all", missing_ok=True) or {}
                 actions += [{"remove_index": {"index": index}} for index in sorted(there)
                             if generation(alias, index) and index not in behind.get(alias, [])]
+            actions += [{"remove_index": {"index": index}} for index in self._left_behind(client, behind)]
             if actions:
                 client.ok("POST", "/_aliases", {"actions": actions})
             if self.filled:  # what the last pass wrote
@@ -453,6 +546,17 @@ class SearchStore(RowStore):
             client.request("DELETE", f"/{path_of(self.meta)}/_doc/{self.doc}")
         finally:
             client.close()
+
+    def _left_behind(self, client: Client, behind: dict[str, list[str]]) -> list[str]:
+        """After a rebuild's swap: the shared indexes no alias points at any more, and the
+        delete markers of the layout it left (`[search] tables_per_index` changed)."""
+        base = path_of(self.settings.base)
+        live = {index for indexes in behind.values() for index in indexes}
+        pattern = f"{base}.*-markers" if self.settings.shared else f"{base}-markers"
+        there = client.ok("GET", f"/{base}-shared*,{pattern}?expand_wildcards=all&ignore_unavailable=true",
+                          missing_ok=True) or {}
+        return sorted(index for index in there
+                      if index not in live and (shared_place(self.settings.base, index) or index.endswith("-markers")))
 
     def documents(self, aliases: list[str]) -> dict[str, int]:
         """How many documents the index behind each alias holds (as of its last refresh)."""
@@ -470,11 +574,11 @@ class SearchStore(RowStore):
 
     def _expire_markers(self, client: Client) -> None:
         """Delete the prefix's markers older than marker_ttl_s (at start: they age in days)."""
-        pattern = path_of(alias_name(self.prefix) + ".*-markers")
+        pattern = f"{path_of(self.settings.base)}.*-markers,{path_of(shared_markers(self.settings.base))}"
         cutoff = int(time.time() * 1000) - self.settings.marker_ttl_ms
         query = {"query": {"range": {"at": {"lt": cutoff}}}, "_source": False, "size": CHUNK_KEYS}
         expired, failed = 0, []
-        for hits in scroll(client, f"/{pattern}/_search?expand_wildcards=all", query):
+        for hits in scroll(client, f"/{pattern}/_search?expand_wildcards=all&ignore_unavailable=true", query):
             lines = b"".join(orjson.dumps({"delete": {"_index": h["_index"], "_id": h["_id"]}}) + b"\n" for h in hits)
             status, answer = client.request("POST", "/_bulk", ndjson=lines)
             if status >= 300:
@@ -493,10 +597,12 @@ class SearchStore(RowStore):
             log.warning("%s: %d delete markers could not expire (they stay, and expiry is tried again at the next "
                         "start), the first: %s", client.where, len(failed), failed[0])
 
-    def ensure_index(self, client: Client, topic: str, version: Version, answer: dict[str, Any] | None) -> None:
+    def ensure_index(self, client: Client, topic: str, version: Version, answer: dict[str, Any] | None,
+                     joining: list[dict[str, Any]]) -> None:
         """The table's index behind the alias the job writes through, and its markers;
         fields of new columns added. `answer`: the mappings of the indexes behind that alias,
-        None when it has none (read by `prepare` for a table not mapped yet)."""
+        None when it has none (read by `prepare` for a table not mapped yet). A new table
+        of shared indexes adds its alias's action to `joining`."""
         alias = alias_name(topic)
         target = self.settings.target(alias)
         fields = mapping(version, self.flat)["properties"]
@@ -505,24 +611,66 @@ class SearchStore(RowStore):
                 raise StoreLost(f"{client.where} lost the index behind {target}, which this job filled")
             self.filled.add(alias)
             if answer is None:
-                self._create_index(client, alias, version)
-                self.mapped[alias] = set(fields)
+                if self.settings.shared:
+                    joining.append(self._join_shared(client, alias, version))
+                else:
+                    self._create_index(client, alias, version)
+                    self.mapped[alias] = set(fields)
                 return
-            (concrete,) = answer.values()
-            self.mapped[alias] = set(concrete["mappings"].get("properties", {}))
-            if POSITION not in self.mapped[alias]:
+            ((index, concrete),) = answer.items()
+            held = set(concrete["mappings"].get("properties", {}))
+            if POSITION not in held:
                 raise StoreLost(f"{client.where}: the index behind {target} holds no positions ({POSITION}), which "
                                 "this version of the job compares")
+            self._same_layout(client, index, alias, TABLE in held)
+            self.mapped[alias] = self.shared.setdefault(index, held) if self.settings.shared else held
         new = {name: spec for name, spec in fields.items() if name not in self.mapped[alias]}
         if new:  # ADD COLUMN; a column whose type changed keeps its mapping (a rebuild adopts it)
             client.ok("PUT", f"/{path_of(target)}/_mapping", {"properties": new})
             self.mapped[alias] |= set(new)
             log.info("%s: %s maps the new columns %s", client.where, target, ", ".join(new))
 
+    def _same_layout(self, client: Client, index: str, alias: str, shared: bool) -> None:
+        """Stop in one line where the table's index is not laid out as `[search] tables_per_index` says."""
+        if shared != self.settings.shared:
+            layout = "shares indexes between tables" if shared else "has an index per table"
+            raise SinkStopped(
+                f"{client.where}: {index} behind {self.settings.target(alias)} {layout}, and [search] "
+                f"tables_per_index = {self.config.tables_per_index} asks for the other layout: run `cdc search "
+                "rebuild` with it (readers keep the current indexes until its switch), or set it back"
+            )
+
+    def _join_shared(self, client: Client, alias: str, version: Version) -> dict[str, Any]:
+        """Put a new table in the shared index `_pack` chose: made with its mapping, or given
+        its new fields. The action that adds the table's alias (a filter on its documents)."""
+        index = self.placed.pop(alias)
+        body = mapping(version, self.flat, shared=True)
+        settings = self._index_settings()
+        held = self.shared.get(index)
+        if held is None:
+            if self.settings.rebuild:  # hidden, and no refreshes while it fills, until the swap
+                settings.update(hidden=True, refresh_interval="-1")
+            create_index(client, index, {"settings": {"index": settings}, "mappings": body})
+            held = self.shared[index] = set(body["properties"])
+            log.info("%s: created shared index %s", client.where, index)
+        else:
+            new = {name: spec for name, spec in body["properties"].items() if name not in held}
+            if new:
+                client.ok("PUT", f"/{path_of(index)}/_mapping", {"properties": new})
+                held |= set(new)
+        alias_spec: dict[str, Any] = {"index": index, "alias": self.settings.target(alias), **filtered(alias)}
+        if self.settings.rebuild:
+            alias_spec["is_hidden"] = True
+        self.mapped[alias] = held
+        return {"add": alias_spec}
+
+    def _index_settings(self) -> dict[str, Any]:
+        return {"number_of_shards": self.config.shards, "number_of_replicas": self.config.replicas}
+
     def _create_index(self, client: Client, alias: str, version: Version) -> None:
         """The job's first index of a table, `<alias>-v1`; a rebuild's, the generation after
         every one there is, hidden with its alias until the swap."""
-        settings: dict[str, Any] = {"number_of_shards": self.config.shards, "number_of_replicas": self.config.replicas}
+        settings = self._index_settings()
         create_index(client, markers_name(alias), {"settings": {"index": {**settings, "hidden": True}},
                                               "mappings": MARKER_MAPPING})
         if self.settings.rebuild:
@@ -590,7 +738,7 @@ def find(config: Config, topic: str, field: str, text: str) -> list[str]:
     try:
         query = {"query": {"match": {field: text}}, "size": 100}
         hits = client.ok("POST", f"/{path_of(alias_name(topic))}/_search", query)["hits"]["hits"]
-        return sorted(hit["_id"] for hit in hits)
+        return sorted(key_of(alias_name(topic), hit["_id"]) for hit in hits)
     finally:
         client.close()
 
