@@ -315,7 +315,10 @@ class PostgresKit(Kit):
         with psycopg.connect(reach.where, autocommit=True) as conn:
             schemas = [r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'cdc%' ORDER BY 1")]
             records = [r[0] for r in conn.execute("SELECT name FROM _cdc.bookkeeping")]
-        assert (schemas, records) == (["cdc_public"], ["postgres"])
+            stages = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = '_cdc' AND "
+                                                 "tablename LIKE 'stage%' ORDER BY 1")]
+        # nothing of the rebuild is left, its staging tables (a batch's rows each) included
+        assert (schemas, records, stages) == (["cdc_public"], ["postgres"], ["stage_postgres"])
 
 
 _READ_DELTA = """

@@ -27,6 +27,7 @@ from sinks.stores.postgres.store import (
     ensure_meta,
     owned_schemas,
     rows_of,
+    stage_of,
 )
 
 if TYPE_CHECKING:
@@ -101,10 +102,11 @@ class Generations:
         return rows
 
     def finish(self) -> None:
-        """After the last pass: the rebuild's bookkeeping goes."""
+        """After the last pass: the rebuild's bookkeeping and staging tables go."""
         conn = connect(self.config.dsn, autocommit=True)
         try:
             conn.execute(f"DELETE FROM {META_SCHEMA}.bookkeeping WHERE name = %s", (NAME,))
+            conn.execute(f"DROP TABLE IF EXISTS {stage_of(NAME + NEXT)}, {stage_of(NAME)}")
         finally:
             conn.close()
 
