@@ -370,9 +370,9 @@ class SearchStore(RowStore):
             if self.settings.shared:
                 versions = {alias_name(t): registry.versions(t)[-1] for t in topics}
                 made = self._pack(found, behind, [(a, versions[a]) for a in sorted(new)])
-                markers = [] if shared_markers(self.settings.base) in found else [shared_markers(self.settings.base)]
-                self._room_for(client, new, len(made) + len(markers) if new else 0, "the indexes of")
-                for name in markers if new else []:
+                markers = [name for name in [shared_markers(self.settings.base)] if new and name not in found]
+                self._room_for(client, new, len(made) + len(markers), "the indexes of")
+                for name in markers:
                     create_index(client, name, {"settings": {"index": {**self._index_settings(), "hidden": True}},
                                                 "mappings": MARKER_MAPPING})
             else:
