@@ -62,67 +62,6 @@ class RowWriter(ABC):
         """(key, position text) of every row the store holds for `topic`, a chunk at a time."""
 
 
-class RowStore(Store):
-    """A store of the events' JSON: the job writes every table of a batch in one pass."""
-
-    writes = "rows"
-
-    def prepare(self, topics: list[str], registry: Registry) -> None:  # noqa: B027
-        """On the driver, before a batch's writes: what the tables need (an index, a mapping)."""
-
-    @abstractmethod
-    def writer(self, registry: Registry) -> RowWriter: ...
-
-    def after_batch(self, topics: list[str]) -> None:  # noqa: B027
-        """On the driver, after a batch's writes (making them searchable)."""
-
-    def truncate(self, topic: str, truncate: Truncate) -> None:
-        """Delete every row held below the truncate's position, as deletes at that position."""
-        lsn, seq, _ = truncate
-        cut = position(lsn, seq)
-        writer = self.writer(Registry())
-        writer.open()
-        try:
-            for chunk in writer.positions(topic):
-                deletes: list[tuple[Any, ...]] = [
-                    (topic, key, "d", lsn, seq, -1, -1, None, []) for key, pos in chunk if pos < cut
-                ]
-                if deletes:
-                    writer.write(changes_table(deletes))
-        finally:
-            writer.close()
-
-    def partition_writer(self, registry: Registry, cuts: dict[str, tuple[int, int]]) -> PartitionWriter:
-        """What each Spark partition of a batch runs; `cuts`: each table's newest truncate."""
-        return PartitionWriter(self.writer(registry), {t: position(*c) for t, c in cuts.items()})
-
-    def write(self, rows: DataFrame, registry: Registry, cuts: dict[str, tuple[int, int]]) -> list[Rejected]:
-        """Every change row of the batch (CHANGE_COLUMNS, no truncate events) through the
-        executors; what the store refused."""
-        writer = self.partition_writer(registry, cuts)
-        # a key's changes meet in one Spark partition, in offset order (sinks.latest)
-        rejected = map_in_arrow(rows.select(*COLUMNS), writer, REJECTED).collect()
-        return [(r[0], r[1], r[2], r[3]) for r in rejected]
-
-
-def map_in_arrow(frame: DataFrame, func: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
-                 schema: pa.Schema) -> DataFrame:
-    """`DataFrame.mapInArrow` without pandas: pyspark 4.2 builds its function through
-    `pandas_udf`, which demands pandas on the driver although neither side uses it (Spark
-    fixed it for its Arrow UDFs, SPARK-53059, not for mapInArrow yet). The same plan, the
-    function declared as what it is (an Arrow batch map); the executors need pyarrow only."""
-    from pyspark.sql.udf import _create_udf
-    from pyspark.util import PythonEvalType
-
-    ddl = ", ".join(f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in schema)
-    udf = _create_udf(func, ddl, PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
-    column = udf(*[frame[name] for name in frame.columns])
-    return DataFrame(frame._jdf.mapInArrow(column._jc, False, None), frame.sparkSession)
-
-
-_SPARK_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "bigint"}
-
-
 class PartitionWriter:
     """One Spark partition's changes into the store (runs on an executor): Arrow batches of
     change rows (sinks.latest.ROWS) in, Arrow batches of what the store refused (REJECTED) out."""
@@ -186,3 +125,67 @@ class PartitionWriter:
             for name in missing[i]:
                 row[name] = (found or {}).get(name)
             rows[i] = orjson.dumps(row).decode()
+
+
+class RowStore(Store):
+    """A store of the events' JSON: the job writes every table of a batch in one pass."""
+
+    writes = "rows"
+
+    def prepare(self, topics: list[str], registry: Registry) -> None:  # noqa: B027
+        """On the driver, before a batch's writes: what the tables need (an index, a mapping)."""
+
+    @abstractmethod
+    def writer(self, registry: Registry) -> RowWriter: ...
+
+    def after_batch(self, topics: list[str]) -> None:  # noqa: B027
+        """On the driver, after a batch's writes (making them searchable)."""
+
+    def truncate(self, topic: str, truncate: Truncate) -> None:
+        """Delete every row held below the truncate's position, as deletes at that position."""
+        lsn, seq, _ = truncate
+        cut = position(lsn, seq)
+        writer = self.writer(Registry())
+        writer.open()
+        try:
+            for chunk in writer.positions(topic):
+                deletes: list[tuple[Any, ...]] = [
+                    (topic, key, "d", lsn, seq, -1, -1, None, []) for key, pos in chunk if pos < cut
+                ]
+                if deletes:
+                    writer.write(changes_table(deletes))
+        finally:
+            writer.close()
+
+    #: what each Spark partition of a batch runs (a store may leave out a step it does itself)
+    partition_class: type[PartitionWriter] = PartitionWriter
+
+    def partition_writer(self, registry: Registry, cuts: dict[str, tuple[int, int]]) -> PartitionWriter:
+        """What each Spark partition of a batch runs; `cuts`: each table's newest truncate."""
+        return self.partition_class(self.writer(registry), {t: position(*c) for t, c in cuts.items()})
+
+    def write(self, rows: DataFrame, registry: Registry, cuts: dict[str, tuple[int, int]]) -> list[Rejected]:
+        """Every change row of the batch (CHANGE_COLUMNS, no truncate events) through the
+        executors; what the store refused."""
+        writer = self.partition_writer(registry, cuts)
+        # a key's changes meet in one Spark partition, in offset order (sinks.latest)
+        rejected = map_in_arrow(rows.select(*COLUMNS), writer, REJECTED).collect()
+        return [(r[0], r[1], r[2], r[3]) for r in rejected]
+
+
+def map_in_arrow(frame: DataFrame, func: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+                 schema: pa.Schema) -> DataFrame:
+    """`DataFrame.mapInArrow` without pandas: pyspark 4.2 builds its function through
+    `pandas_udf`, which demands pandas on the driver although neither side uses it (Spark
+    fixed it for its Arrow UDFs, SPARK-53059, not for mapInArrow yet). The same plan, the
+    function declared as what it is (an Arrow batch map); the executors need pyarrow only."""
+    from pyspark.sql.udf import _create_udf
+    from pyspark.util import PythonEvalType
+
+    ddl = ", ".join(f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in schema)
+    udf = _create_udf(func, ddl, PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+    column = udf(*[frame[name] for name in frame.columns])
+    return DataFrame(frame._jdf.mapInArrow(column._jc, False, None), frame.sparkSession)
+
+
+_SPARK_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "bigint"}

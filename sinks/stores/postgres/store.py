@@ -36,7 +36,6 @@ from pyspark.sql import DataFrame, SparkSession
 from cdc.config import Config, ConfigError
 from cdc.naming import quote_ident, quote_literal
 from cdc.redact import redact_dsn
-from sinks.latest import position
 from sinks.rows import PartitionWriter, Rejected, RowStore, RowWriter
 from sinks.store import SinkStopped, StoreUnavailable, Truncate
 from sinks.stores.postgres import MAX_NAME, PostgresConfig, required_dsn
@@ -156,6 +155,7 @@ class PostgresStore(RowStore):
     generation of the schemas (`cdc_public__next`)."""
 
     transient = ("psycopg.OperationalError",)  # StoreUnavailable: every store's (sinks.runner)
+    partition_class = _Staged
 
     def __init__(self, config: PostgresConfig, name: str = "postgres", suffix: str = "") -> None:
         required_dsn(config)
@@ -278,7 +278,7 @@ class PostgresStore(RowStore):
         if self._side is None or self._side.closed or self._side.broken:
             self._side = connect(self.config.dsn, autocommit=True)
         self._side.execute(f"TRUNCATE {self.stage}")
-        return _Staged(self.writer(registry), {t: position(*c) for t, c in cuts.items()})
+        return super().partition_writer(registry, cuts)
 
     def write(self, rows: DataFrame, registry: Registry, cuts: dict[str, tuple[int, int]]) -> list[Rejected]:
         """The executors stage the batch's last changes (a COPY refuses nothing: a value that does

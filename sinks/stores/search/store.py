@@ -373,8 +373,7 @@ class SearchStore(RowStore):
                 markers = [name for name in [shared_markers(self.settings.base)] if new and name not in found]
                 self._room_for(client, new, len(made) + len(markers), "the indexes of")
                 for name in markers:
-                    create_index(client, name, {"settings": {"index": {**self._index_settings(), "hidden": True}},
-                                                "mappings": MARKER_MAPPING})
+                    self._create_markers(client, name)
             else:
                 markers = [] if self.settings.rebuild else [a for a in new if markers_name(a) not in found]
                 self._room_for(client, new, len(new) + len(markers), "the indexes of")
@@ -406,11 +405,13 @@ class SearchStore(RowStore):
                 for index in indexes:
                     if index in places:
                         mine[index] = mine.get(index, 0) + 1
-        generations = {places[index][1] for index in mine}
-        if generations:
-            now = max(generations)
-        else:  # a rebuild's first: the generation after every one there is
-            now = max([0 if self.settings.rebuild else 1, *(g for _, g in places.values())]) + self.settings.rebuild
+        newest = max((g for _, g in places.values()), default=0)
+        if mine:  # the generation its tables are in
+            now = max(places[index][1] for index in mine)
+        elif self.settings.rebuild:  # a rebuild's first table: the generation after every one there is
+            now = newest + 1
+        else:  # the job's first: generation 1, or the newest a rebuild switched in
+            now = max(newest, 1)
         numbers = [n for n, g in places.values() if g == now]
         fresh = iter(shared_name(base, n, now) for n in range(max(numbers, default=0) + 1, 1 << 30))
         fields = {index: found.get(index, {}).get("mappings", {}).get("properties", {}) for index in mine}
@@ -645,12 +646,10 @@ class SearchStore(RowStore):
         its new fields. The action that adds the table's alias (a filter on its documents)."""
         index = self.placed.pop(alias)
         body = mapping(version, self.flat, shared=True)
-        settings = self._index_settings()
         held = self.shared.get(index)
         if held is None:
-            if self.settings.rebuild:  # hidden, and no refreshes while it fills, until the swap
-                settings.update(hidden=True, refresh_interval="-1")
-            create_index(client, index, {"settings": {"index": settings}, "mappings": body})
+            create_index(client, index, {"settings": {"index": self._index_settings(self.settings.rebuild)},
+                                         "mappings": body})
             held = self.shared[index] = set(body["properties"])
             log.info("%s: created shared index %s", client.where, index)
         else:
@@ -664,24 +663,31 @@ class SearchStore(RowStore):
         self.mapped[alias] = held
         return {"add": alias_spec}
 
-    def _index_settings(self) -> dict[str, Any]:
-        return {"number_of_shards": self.config.shards, "number_of_replicas": self.config.replicas}
+    def _index_settings(self, rebuild: bool = False) -> dict[str, Any]:
+        """A new index's settings; a rebuild's is hidden until its swap, and nobody searches
+        it before then: no refreshes while it fills (fewer, larger segments)."""
+        settings: dict[str, Any] = {"number_of_shards": self.config.shards, "number_of_replicas": self.config.replicas}
+        if rebuild:
+            settings.update(hidden=True, refresh_interval="-1")
+        return settings
+
+    def _create_markers(self, client: Client, name: str) -> None:
+        """A delete markers' index: hidden, read by the job alone."""
+        create_index(client, name, {"settings": {"index": {**self._index_settings(), "hidden": True}},
+                                    "mappings": MARKER_MAPPING})
 
     def _create_index(self, client: Client, alias: str, version: Version) -> None:
         """The job's first index of a table, `<alias>-v1`; a rebuild's, the generation after
         every one there is, hidden with its alias until the swap."""
-        settings = self._index_settings()
-        create_index(client, markers_name(alias), {"settings": {"index": {**settings, "hidden": True}},
-                                              "mappings": MARKER_MAPPING})
+        self._create_markers(client, markers_name(alias))
         if self.settings.rebuild:
             there = client.ok("GET", f"/{path_of(alias)}-v*?expand_wildcards=all", missing_ok=True) or {}
             index = index_name(alias, max([1, *(generation(alias, name) for name in there)]) + 1)
-            # nobody searches it before the swap: no refreshes while it fills (fewer, larger segments)
-            body = {"settings": {"index": {**settings, "hidden": True, "refresh_interval": "-1"}},
+            body = {"settings": {"index": self._index_settings(rebuild=True)},
                     "aliases": {rebuild_alias(alias): {"is_hidden": True}}}
         else:
             index = index_name(alias)
-            body = {"settings": {"index": settings}, "aliases": {alias: {}}}
+            body = {"settings": {"index": self._index_settings()}, "aliases": {alias: {}}}
         create_index(client, index, {**body, "mappings": mapping(version, self.flat)})
         log.info("%s: created index %s behind alias %s", client.where, index, self.settings.target(alias))
 
