@@ -14,10 +14,11 @@ applied a change after PostgreSQL's snapshot, or not yet the one before. So ever
 key is looked at again in rounds, each at a newer snapshot, once the side is complete up to
 it (`judge`): a key that agrees is dropped (and counted: it changed between the snapshot and
 the side's read, which is why the counts may differ); a key whose side row or delete marker
-is at or below the round's snapshot (or whose position no commit can have: forged, from the
-future), or, with no position, whose PostgreSQL row did not change from the snapshot until
-after the side was read (so the side cannot be ahead of it), is a mismatch; any other key
-changed during the check and is reported as such, not as a mismatch.
+is from a commit the round's snapshot sees for sure (at or below its `visible` LSN: a commit
+just below the snapshot's own LSN may not be visible yet) or whose position no commit can
+have (forged, from the future), or, with no position, whose PostgreSQL row did not change
+from the snapshot until after the side was read (so the side cannot be ahead of it), is a
+mismatch; any other key changed during the check and is reported as such, not as a mismatch.
 """
 
 from __future__ import annotations
@@ -95,15 +96,16 @@ def candidates(reference: dict[bytes, int], side: dict[bytes, int]) -> dict[byte
     return out
 
 
-def judge(reference: list[Any] | None, side: Found | None, lsn: int, wal: int, stable: bool) -> str:
-    """One key in a round at snapshot `lsn` (the server's WAL was at `wal` after the side was
-    read; `stable`: PostgreSQL's row did not change from the snapshot until after that):
-    `agree`, a mismatch (`missing`, `extra`, `different`) or `changing`."""
+def judge(reference: list[Any] | None, side: Found | None, visible: int, wal: int, stable: bool) -> str:
+    """One key in a round at a snapshot that sees every commit at or below `visible` (the
+    server's WAL was at `wal` after the side was read; `stable`: PostgreSQL's row did not change
+    from the snapshot until after that): `agree`, a mismatch (`missing`, `extra`, `different`)
+    or `changing`."""
     values = None if side is None else side.values
     if values == reference:
         return "agree"
     commit = None if side is None or side.position is None else side.position[0]
-    decisive = (commit is not None and (commit <= lsn or commit > wal)) or (commit is None and stable)
+    decisive = (commit is not None and (commit <= visible or commit > wal)) or (commit is None and stable)
     if not decisive:
         return "changing"
     return "missing" if values is None else "extra" if reference is None else "different"

@@ -208,15 +208,15 @@ def test_narrowing_names_missing_extra_and_different_keys() -> None:
 
 
 def test_a_round_tells_changes_in_flight_from_mismatches() -> None:
-    lsn, wal = 1000, 2000
-    assert judge([1], Found([1], (500, 1)), lsn, wal, stable=False) == "agree"
-    assert judge([1], Found([2], (900, 1)), lsn, wal, stable=False) == "different"  # applied at or below the snapshot
-    assert judge([1], Found([2], (1500, 1)), lsn, wal, stable=False) == "changing"  # a later change: in flight
-    assert judge([1], Found([2], (5000, 1)), lsn, wal, stable=False) == "different"  # a position no commit has
-    assert judge([1], Found(None, (1500, 1)), lsn, wal, stable=True) == "changing"  # deleted after the snapshot
-    assert judge([1], None, lsn, wal, stable=True) == "missing"  # no trace, and the row did not change
-    assert judge([1], None, lsn, wal, stable=False) == "changing"
-    assert judge(None, Found([1], None), lsn, wal, stable=True) == "extra"  # a row nobody wrote
+    visible, wal = 1000, 2000  # the round's snapshot sees every commit up to 1000
+    assert judge([1], Found([1], (500, 1)), visible, wal, stable=False) == "agree"
+    assert judge([1], Found([2], (900, 1)), visible, wal, stable=False) == "different"  # a commit the snapshot sees
+    assert judge([1], Found([2], (1500, 1)), visible, wal, stable=False) == "changing"  # a commit it may not see: in flight
+    assert judge([1], Found([2], (5000, 1)), visible, wal, stable=False) == "different"  # a position no commit has
+    assert judge([1], Found(None, (1500, 1)), visible, wal, stable=True) == "changing"  # deleted after the snapshot
+    assert judge([1], None, visible, wal, stable=True) == "missing"  # no trace, and the row did not change
+    assert judge([1], None, visible, wal, stable=False) == "changing"
+    assert judge(None, Found([1], None), visible, wal, stable=True) == "extra"  # a row nobody wrote
 
 
 def test_the_horizon_warns_at_half_and_reports_past_it() -> None:

@@ -201,6 +201,60 @@ def test_the_warehouse_hashes_in_spark_sql_as_in_python(stack: Stack) -> None:
 
 
 @pytest.mark.fast
+@pytest.mark.integration
+def test_a_snapshot_sees_every_commit_at_or_below_its_visible_lsn(tmp_path: Path) -> None:
+    """PostgreSQL writes a commit's WAL record before the commit becomes visible. Held in
+    between (by a synchronous standby that never answers), a delete is below the WAL's position
+    but unseen: the snapshot waits for it, and says so when it never comes. (A store that
+    applied that delete, judged against a snapshot blind to it, was a false `missing`.)"""
+    from cdc.local.postgres import LocalPostgres
+    from cdc.verify.postgres import take_snapshot
+
+    cluster = LocalPostgres(tmp_path).start()
+    try:
+        dsn = cluster.dsn()
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("CREATE TABLE t (id int PRIMARY KEY)")
+            admin.execute("INSERT INTO t VALUES (1), (2)")
+
+            def hold(on: bool) -> None:
+                admin.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{'nobody' if on else ''}'")
+                admin.execute("SELECT pg_reload_conf()")
+
+            def delete(row: int) -> None:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute("DELETE FROM t WHERE id = %s", (row,))
+
+            def held(count: int) -> bool:
+                row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").fetchone()
+                return row is not None and row[0] == count
+
+            hold(True)
+            writer = threading.Thread(target=delete, args=(1,))
+            writer.start()
+            wait_for(lambda: held(1), 30, "the delete held after its commit record")
+            threading.Timer(1.0, hold, args=(False,)).start()
+            with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn, autocommit=True) as now:
+                taken = take_snapshot(conn, now)
+                seen = conn.execute("SELECT array_agg(id ORDER BY id) FROM t").fetchone()[0]  # type: ignore[index]
+            writer.join(30)
+            assert (seen, taken.visible <= taken.lsn) == ([2], True)
+
+            hold(True)  # never answered: the snapshot says why it cannot see every commit
+            writer = threading.Thread(target=delete, args=(2,))
+            writer.start()
+            wait_for(lambda: held(1), 30, "the second delete held")
+            with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn, autocommit=True) as now:
+                with pytest.raises(TimeoutError, match=r"^transaction \d+ committed but is not visible after 1 s: "
+                                   r"a synchronous standby holds it back \(see pg_stat_replication\); verify again "
+                                   r"once it answers$"):
+                    take_snapshot(conn, now, settle_s=1.0)
+            hold(False)
+            writer.join(30)
+    finally:
+        cluster.close()
+
+
 def test_clean_every_side_agrees(stack: Stack) -> None:
     result = stack.verify()
     assert result.exit_code == 0, result.output

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from cdc.verify import run
+from cdc.verify.postgres import Snapshot
 from compaction.canonical import Column, row_values
 from compaction.verify import Found, Outcome, TableSpec, digest_of
 from sinks.stores.delta import read as read_delta_rs
@@ -40,9 +41,9 @@ class _Source:
         self.rows, self.lsn = rows, 0x100
         self.catalog = SimpleNamespace(conn=_Conn(0x300))
 
-    def snapshot(self) -> int:
+    def snapshot(self) -> Snapshot:
         self.lsn += 0x100
-        return self.lsn
+        return Snapshot(self.lsn, self.lsn)
 
     def fetch(self, table: Any, keys: list[bytes], now: bool = False) -> dict[bytes, Found]:
         return {k: Found(self.rows[k]) for k in keys if k in self.rows}

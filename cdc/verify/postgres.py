@@ -16,9 +16,10 @@ what the events were rendered from.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
@@ -42,6 +43,55 @@ from compaction.verify import Digest, Found, TableSpec, digest_of, hashes_of
 from snapshot.copy_text import parse_line
 from snapshot.initial import table_events
 from snapshot.tables import SnapshotTable, describe
+
+SETTLE_S = 3.0  # how long a snapshot waits for the transactions running when it starts
+
+
+class Snapshot(NamedTuple):
+    """The LSNs that bound a snapshot: every commit it sees is below `lsn`, and it sees every
+    commit at or below `visible`. They differ because PostgreSQL writes a commit's WAL record
+    before the commit becomes visible: a commit below `lsn` may still be unseen."""
+
+    lsn: int
+    visible: int
+
+
+RUNNING_SQL = "SELECT transactionid::text FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock'"
+HELD_SQL = (  # committed, waiting for a synchronous standby (seen where the role may read others' sessions)
+    "SELECT l.transactionid::text FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = "
+    "'transactionid' AND l.mode = 'ExclusiveLock' AND l.transactionid::text = ANY(%s) AND a.wait_event = 'SyncRep'"
+)
+
+
+def take_snapshot(conn: psycopg.Connection, now: psycopg.Connection, settle_s: float = SETTLE_S) -> Snapshot:
+    """Begins a REPEATABLE READ snapshot on `conn` (idle, autocommit), using `now` (autocommit)
+    to look around it. `visible` is the WAL's position before the snapshot, once every
+    transaction then holding an id has ended (its lock on its own id, which outlasts its
+    commit's visibility, is gone): a commit below it had its record written by then, so its
+    transaction was running or done, and is done now. A transaction still running after
+    `settle_s` has not reached its commit, unless it waits for a synchronous standby: then no
+    snapshot can see every commit below the WAL, and this says so."""
+    row = now.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    visible = parse_lsn(row[0])
+    running = [x for (x,) in now.execute(RUNNING_SQL)]
+    deadline = time.monotonic() + settle_s
+    while running:
+        running = [x for (x,) in now.execute(RUNNING_SQL + " AND transactionid::text = ANY(%s)", (running,))]
+        if running and time.monotonic() > deadline:
+            held = [x for (x,) in now.execute(HELD_SQL, (running,))]
+            if held:
+                raise TimeoutError(
+                    f"transaction {held[0]} committed but is not visible after {settle_s:.0f} s: a synchronous "
+                    "standby holds it back (see pg_stat_replication); verify again once it answers"
+                )
+            break
+        if running:
+            time.sleep(0.01)
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()  # the snapshot is taken first
+    assert row is not None
+    return Snapshot(parse_lsn(row[0]), visible)
 
 
 @dataclass
@@ -69,16 +119,13 @@ class SourceSide:
         self.now = psycopg.connect(pinned_conninfo(config.source.dsn, application_name="cdc-verify"), autocommit=True)
         self.lsn = 0
 
-    def snapshot(self) -> int:
-        """A new REPEATABLE READ snapshot; returns its LSN: every transaction it sees committed
-        below it (the snapshot is taken before the LSN is read, in the same statement)."""
+    def snapshot(self) -> Snapshot:
+        """A new REPEATABLE READ snapshot (see `take_snapshot`)."""
         if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             self.conn.execute("COMMIT")
-        self.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        row = self.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-        assert row is not None
-        self.lsn = parse_lsn(row[0])
-        return self.lsn
+        taken = take_snapshot(self.conn, self.now)
+        self.lsn = taken.lsn
+        return taken
 
     def describe(self, captured: CapturedTable, rows_per_segment: int = 64) -> SourceTable:
         """The table's columns, key and SQL, in the current snapshot."""

@@ -27,7 +27,7 @@ from cdc.config import Config, ConfigError
 from cdc.kafka.policy import duration
 from cdc.source.preflight import check_server, connect_catalog, resolve_tables
 from cdc.source.replication import format_lsn
-from cdc.verify.postgres import SourceSide, SourceTable
+from cdc.verify.postgres import Snapshot, SourceSide, SourceTable
 from compaction.verify import EXAMPLES, Digest, Outcome, Side, candidates, differing, example, judge
 from compaction.verify_topic import TopicSide
 from sinks import stores as registry
@@ -218,7 +218,7 @@ def verify(config: Config, patterns: list[str], stores: list[str] | None, timeou
         check_server(catalog)
         captured = resolve_tables(catalog, config)
         names = chosen_names(captured, patterns)
-        lsn = _snapshot(source, config)
+        lsn = _snapshot(source, config).lsn
         tables = [source.describe(t) for t in captured if t.display in names]
         waiter = _Waiter(config, source, topic, timeout_s)
         sides: list[Side] = [topic]
@@ -255,12 +255,12 @@ def verify(config: Config, patterns: list[str], stores: list[str] | None, timeou
         catalog.close()
 
 
-def _snapshot(source: SourceSide, config: Config) -> int:
+def _snapshot(source: SourceSide, config: Config) -> Snapshot:
     """A new snapshot, then a logical message that the daemon commits past it right away."""
-    lsn = source.snapshot()
+    taken = source.snapshot()
     message = orjson.dumps({"slot": config.source.slot, "type": "verify"}).decode()
     source.catalog.conn.execute("SELECT pg_logical_emit_message(true, 'cdc', %s::text)", (message,))
-    return lsn
+    return taken
 
 
 T = TypeVar("T")
@@ -319,7 +319,7 @@ def _rounds(report: Report, source: SourceSide, sides: list[Side], waiter: _Wait
     for _ in range(ROUNDS):
         if not pending:
             return
-        lsn = _snapshot(source, waiter.config)
+        lsn, visible = _snapshot(source, waiter.config)
         late = waiter.topics(lsn)
         for (name, topic), keys in list(pending.items()):
             table, side, outcome = tables[topic], by_name[name], outcomes[(name, topic)]
@@ -337,7 +337,7 @@ def _rounds(report: Report, source: SourceSide, sides: list[Side], waiter: _Wait
             for key in wanted:
                 reference = ours[key].values if key in ours else None
                 stable = reference == (later[key].values if key in later else None)
-                verdict = judge(reference, theirs.get(key), lsn, wal, stable)
+                verdict = judge(reference, theirs.get(key), visible, wal, stable)
                 if verdict == "changing":
                     continue
                 del keys[key]
