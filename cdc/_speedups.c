@@ -256,7 +256,7 @@ typedef struct {
     PyObject *table;        /* str: schema.table */
     PyObject *record;       /* the Record type (a tuple subclass) */
     PyObject *source_parts; /* txn -> (head, tail) of the `source` block, see cdc/events/records.py */
-    PyObject *txn;          /* the transaction whose head and tail are cached */
+    PyObject *txn_key;      /* (commit_lsn, commit_ts_us, xid) of the transaction whose head and tail are cached */
     PyObject *head;
     PyObject *tail;
 } RowEncoder;
@@ -265,7 +265,7 @@ typedef struct {
  * usually belongs to the TableEvents that holds the encoder. */
 #define ROW_ENCODER_FIELDS(X)                                                                              \
     X(names) X(kinds) X(converters) X(key_indexes) X(dumps) X(unchanged) X(topic) X(table) X(record)        \
-    X(source_parts) X(txn) X(head) X(tail)
+    X(source_parts) X(txn_key) X(head) X(tail)
 
 static int RowEncoder_traverse(RowEncoder *self, visitproc visit, void *arg) {
 #define VISIT(f) Py_VISIT(self->f);
@@ -338,7 +338,7 @@ static int RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds) {
     Py_XSETREF(self->table, Py_XNewRef(table));
     Py_XSETREF(self->record, Py_XNewRef(record));
     Py_XSETREF(self->source_parts, Py_XNewRef(source_parts));
-    Py_CLEAR(self->txn);
+    Py_CLEAR(self->txn_key);
     return 0;
 }
 
@@ -582,24 +582,52 @@ static PyObject *envelope(PyObject *module, PyObject *const *args, Py_ssize_t na
 /* ---------------------------------------------------------------- render_change */
 
 static PyObject *OP_C, *OP_U, *OP_D; /* b'"c"', b'"u"', b'"d"' */
+static PyObject *TXN_FIELDS[3];      /* 'commit_lsn', 'commit_ts_us', 'xid': a Txn's, its source block's key */
 
-/* The `source` block of a streamed change: the transaction's cached head and tail around
- * the change LSN (the twin: TableEvents.source). */
-static PyObject *change_source(RowEncoder *self, PyObject *txn, unsigned long long change_lsn) {
-    if (txn != self->txn) {
+/* Cache the head and tail of `txn`'s source block unless they are cached already. The cache
+ * knows the transaction by its values, not by holding the Txn: a wide schema's encoders would
+ * each keep the Txn of their table's last change alive until the table's next one, long
+ * enough to pass the collector's young passes, and a Txn promoted to the oldest generation
+ * for every change made its full passes frequent (docs/benchmarks.md). */
+static int cache_txn(RowEncoder *self, PyObject *txn) {
+    PyObject *values[3] = {NULL, NULL, NULL};
+    int same = self->txn_key != NULL, ok = -1;
+    for (int i = 0; i < 3; i++) {
+        if ((values[i] = PyObject_GetAttr(txn, TXN_FIELDS[i])) == NULL) goto done;
+        if (same && (same = PyObject_RichCompareBool(values[i], PyTuple_GET_ITEM(self->txn_key, i), Py_EQ)) < 0)
+            goto done;
+    }
+    if (!same) {
         PyObject *parts = PyObject_CallOneArg(self->source_parts, txn);
-        if (parts == NULL) return NULL;
+        if (parts == NULL) goto done;
         if (!PyTuple_CheckExact(parts) || PyTuple_GET_SIZE(parts) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(parts, 0)) ||
             !PyBytes_CheckExact(PyTuple_GET_ITEM(parts, 1))) {
             Py_DECREF(parts);
             PyErr_SetString(PyExc_TypeError, "source_parts must return (head, tail) as bytes");
-            return NULL;
+            goto done;
+        }
+        PyObject *key = PyTuple_Pack(3, values[0], values[1], values[2]);
+        if (key == NULL) {
+            Py_DECREF(parts);
+            goto done;
         }
         Py_XSETREF(self->head, Py_NewRef(PyTuple_GET_ITEM(parts, 0)));
         Py_XSETREF(self->tail, Py_NewRef(PyTuple_GET_ITEM(parts, 1)));
-        Py_XSETREF(self->txn, Py_NewRef(txn));
         Py_DECREF(parts);
+        if (PyLong_CheckExact(values[0]) && PyLong_CheckExact(values[1]) && (values[2] == Py_None || PyLong_CheckExact(values[2])))
+            PyObject_GC_UnTrack(key); /* ints and None: no cycle through it, nothing for the collector to walk */
+        Py_XSETREF(self->txn_key, key);
     }
+    ok = 0;
+done:
+    for (int i = 0; i < 3; i++) Py_XDECREF(values[i]);
+    return ok;
+}
+
+/* The `source` block of a streamed change: the transaction's cached head and tail around
+ * the change LSN (the twin: TableEvents.source). */
+static PyObject *change_source(RowEncoder *self, PyObject *txn, unsigned long long change_lsn) {
+    if (cache_txn(self, txn) < 0) return NULL;
     char lsn_s[24];
     int lsn_n = snprintf(lsn_s, sizeof lsn_s, "%llu", change_lsn);
     static const char mid[] = "\\\"]\"", end[] = ",\"xmin\":null}";
@@ -793,6 +821,9 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if ((OP_C = PyBytes_FromString("\"c\"")) == NULL || (OP_U = PyBytes_FromString("\"u\"")) == NULL ||
         (OP_D = PyBytes_FromString("\"d\"")) == NULL)
         return NULL;
+    static const char *fields[3] = {"commit_lsn", "commit_ts_us", "xid"};
+    for (int i = 0; i < 3; i++)
+        if ((TXN_FIELDS[i] = PyUnicode_InternFromString(fields[i])) == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "RowEncoder", (PyObject *)&RowEncoderType) < 0 ||

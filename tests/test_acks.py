@@ -4,6 +4,7 @@ confirmed LSN must never pass a record the broker did not acknowledge."""
 
 from __future__ import annotations
 
+import gc
 from collections import deque
 from types import SimpleNamespace
 
@@ -18,7 +19,13 @@ from cdc.events.records import Record
 from cdc.kafka.acks import Acks, WaitStopped
 from cdc.kafka.heartbeat import heartbeat_topic
 from cdc.kafka.history import metrics_topic
-from cdc.kafka.producer import RECORD_OVERHEAD, Mark, ProducerError, RecordTooLarge
+from cdc.kafka.producer import (
+    RECORD_OVERHEAD,
+    ConfluentProducer,
+    Mark,
+    ProducerError,
+    RecordTooLarge,
+)
 from cdc.source.replication import ReplicationLost
 from tests.support import write_config
 
@@ -364,6 +371,24 @@ def test_a_shutdown_after_a_failed_drain_answers_the_walsender_and_sends_nothing
 
 
 # -- record size ---------------------------------------------------------------------------
+def test_commits_waiting_for_acknowledgements_hold_no_object_the_garbage_collector_walks() -> None:
+    """A slow broker or a wide schema keeps up to [daemon] max_pending_records commits waiting;
+    each one the collector tracked would be walked by its every full pass (at 1,000 tables a
+    tenth of the daemon's CPU, docs/benchmarks.md). The real client's marks, its broker unreachable."""
+    producer = ConfluentProducer(cdc_config.TopicConfig(bootstrap_servers="127.0.0.1:9"), {TOPIC: 3})
+    try:
+        acks = Acks(max_pending=1_000_000, limits={}, producer=producer)
+        gc.collect()  # the client's own objects settled, its (topic, partition) keys among them
+        before = len(gc.get_objects())
+        for n in range(1000):
+            acks.send([(TOPIC, b"k%d" % n, b"v", "public.t")])
+            acks.commit(100 + n, n)
+        assert len(acks.pending) == 1000 and acks.oldest_commit_ts_us() == 0
+        assert len(gc.get_objects()) - before < 50
+    finally:
+        producer.close()
+
+
 def test_a_record_above_the_topic_limit_is_refused_before_it_is_sent() -> None:
     producer = FakeProducer()
     limit = 200

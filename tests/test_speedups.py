@@ -14,6 +14,7 @@ import gc
 import random
 import re
 import struct
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -392,6 +393,20 @@ def test_render_change_matches_the_python_path(name):
     with accel.selected(False):
         slow = python.records(Decoder().decode(payload), other, 0xFFFF_FFFF_0000_0008)
     assert fast is not None and _unstamped(fast) == _unstamped(slow)
+
+
+def test_a_rendered_change_leaves_its_transaction_to_the_collector():
+    """The encoder keeps the transaction's values, not the Txn: over many tables each encoder
+    would hold a Txn until its table's next change, past the collector's young passes."""
+    renderer = _c_renderer()
+    assert renderer.render_xlogdata is not None
+    txn = Txn(commit_lsn=0x1_0000_0000, commit_ts_us=1_700_000_000_123_456, xid=812)
+    held = sys.getrefcount(txn)
+    first = renderer.render_xlogdata(_xlogdata(0x1_0000_0010, CHANGES["insert"]), txn)
+    assert sys.getrefcount(txn) == held
+    again = Txn(commit_lsn=txn.commit_lsn, commit_ts_us=txn.commit_ts_us, xid=txn.xid)  # a replay's equal Txn
+    second = renderer.render_xlogdata(_xlogdata(0x1_0000_0010, CHANGES["insert"]), again)
+    assert first is not None and second is not None and _unstamped(first) == _unstamped(second)
 
 
 @pytest.mark.parametrize("name", list(DECLINED))

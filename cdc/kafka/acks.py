@@ -38,12 +38,46 @@ class WaitStopped(Exception):
     """`make_room` gave up waiting because the caller is stopping (`stopping()` turned true)."""
 
 
+class Waiting:
+    """The commits waiting for acknowledgements, oldest first: each one's producer mark, end
+    LSN and commit time (µs), in three deques rather than one deque of tuples. A slow broker
+    or a wide schema keeps up to [daemon] max_pending_records of them waiting, and a tuple that
+    holds a dict stays tracked by Python's garbage collector, whose full passes then walked
+    every waiting commit again and again: at 1,000 tables about a tenth of the daemon's CPU
+    (docs/benchmarks.md). A dict of ints, an int and a deque's slots are not tracked."""
+
+    __slots__ = ("marks", "lsns", "times")
+
+    def __init__(self) -> None:
+        self.marks: deque[Mark] = deque()
+        self.lsns: deque[int] = deque()
+        self.times: deque[int] = deque()
+
+    def __len__(self) -> int:
+        return len(self.lsns)
+
+    def append(self, mark: Mark, end_lsn: int, commit_ts_us: int) -> None:
+        self.marks.append(mark)
+        self.lsns.append(end_lsn)
+        self.times.append(commit_ts_us)
+
+    def popleft(self) -> int:
+        """The oldest commit's end LSN, no longer waiting."""
+        self.marks.popleft()
+        self.times.popleft()
+        return self.lsns.popleft()
+
+    def clear(self) -> None:
+        self.marks.clear()
+        self.lsns.clear()
+        self.times.clear()
+
+
 class Acks:
     """Sends records through one producer and turns its acknowledgements into a confirmed LSN.
 
     `producer` is None between a failure and the caller's next producer; `pending` holds
-    (producer mark, commit end LSN, commit timestamp in µs) of the commits still waiting
-    for acknowledgements, oldest first. `on_commit` runs once per commit confirmed (a
+    the commits still waiting for acknowledgements (`Waiting`), oldest first. `on_commit` runs once per commit confirmed (a
     metric); `while_waiting` runs between polls while `make_room` waits, so the caller can
     keep other peers (the walsender) answered during backpressure. It must not send: a send
     there could wait for room again, inside the wait (a broker outage under load would
@@ -66,7 +100,7 @@ class Acks:
         self.default_limit = default_limit
         self.producer = producer
         self.confirmed = confirmed  # highest commit end LSN whose records the broker acknowledged
-        self.pending: deque[tuple[Mark, int, int]] = deque()
+        self.pending = Waiting()
         self.on_commit = on_commit
         self.while_waiting = while_waiting
         self.waiting = False  # inside make_room: `send` is refused
@@ -97,7 +131,7 @@ class Acks:
     def commit(self, end_lsn: int, commit_ts_us: int) -> None:
         """Everything sent so far belongs to commits up to `end_lsn`: confirm it once acknowledged."""
         assert self.producer is not None
-        self.pending.append((self.producer.mark(), end_lsn, commit_ts_us))
+        self.pending.append(self.producer.mark(), end_lsn, commit_ts_us)
 
     def advance(self) -> None:
         """Confirm every commit whose records are all acknowledged, in commit order.
@@ -108,8 +142,9 @@ class Acks:
             return
         producer.poll()
         pending = self.pending
-        while pending and producer.reached(pending[0][0]):
-            self.confirmed = max(self.confirmed, pending.popleft()[1])
+        marks = pending.marks
+        while marks and producer.reached(marks[0]):
+            self.confirmed = max(self.confirmed, pending.popleft())
             self.on_commit()
         if not pending:
             producer.reached({})  # surfaces a failure even with no commit waiting
@@ -171,4 +206,4 @@ class Acks:
 
     def oldest_commit_ts_us(self) -> int | None:
         """Commit time of the oldest commit not yet confirmed (the lag a user feels)."""
-        return self.pending[0][2] if self.pending else None
+        return self.pending.times[0] if self.pending else None
