@@ -370,7 +370,6 @@ def test_a_shutdown_after_a_failed_drain_answers_the_walsender_and_sends_nothing
     assert "stopped at confirmed LSN 0/0" in caplog.text
 
 
-# -- record size ---------------------------------------------------------------------------
 def test_commits_waiting_for_acknowledgements_hold_no_object_the_garbage_collector_walks() -> None:
     """A slow broker or a wide schema keeps up to [daemon] max_pending_records commits waiting;
     each one the collector tracked would be walked by its every full pass (at 1,000 tables a
@@ -389,6 +388,7 @@ def test_commits_waiting_for_acknowledgements_hold_no_object_the_garbage_collect
         producer.close()
 
 
+# -- record size ---------------------------------------------------------------------------
 def test_a_record_above_the_topic_limit_is_refused_before_it_is_sent() -> None:
     producer = FakeProducer()
     limit = 200

@@ -200,7 +200,6 @@ def test_the_warehouse_hashes_in_spark_sql_as_in_python(stack: Stack) -> None:
         reader.close()
 
 
-@pytest.mark.fast
 @pytest.mark.integration
 def test_a_snapshot_sees_every_commit_at_or_below_its_visible_lsn(tmp_path: Path) -> None:
     """PostgreSQL writes a commit's WAL record before the commit becomes visible. Held in
@@ -255,6 +254,7 @@ def test_a_snapshot_sees_every_commit_at_or_below_its_visible_lsn(tmp_path: Path
         cluster.close()
 
 
+@pytest.mark.fast
 def test_clean_every_side_agrees(stack: Stack) -> None:
     result = stack.verify()
     assert result.exit_code == 0, result.output

@@ -76,18 +76,15 @@ def take_snapshot(conn: psycopg.Connection, now: psycopg.Connection, settle_s: f
     visible = parse_lsn(row[0])
     running = [x for (x,) in now.execute(RUNNING_SQL)]
     deadline = time.monotonic() + settle_s
-    while running:
+    while running and time.monotonic() <= deadline:
+        time.sleep(0.01)
         running = [x for (x,) in now.execute(RUNNING_SQL + " AND transactionid::text = ANY(%s)", (running,))]
-        if running and time.monotonic() > deadline:
-            held = [x for (x,) in now.execute(HELD_SQL, (running,))]
-            if held:
-                raise TimeoutError(
-                    f"transaction {held[0]} committed but is not visible after {settle_s:.0f} s: a synchronous "
-                    "standby holds it back (see pg_stat_replication); verify again once it answers"
-                )
-            break
-        if running:
-            time.sleep(0.01)
+    held = [x for (x,) in now.execute(HELD_SQL, (running,))] if running else []
+    if held:
+        raise TimeoutError(
+            f"transaction {held[0]} committed but is not visible after {settle_s:.0f} s: a synchronous "
+            "standby holds it back (see pg_stat_replication); verify again once it answers"
+        )
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()  # the snapshot is taken first
     assert row is not None
