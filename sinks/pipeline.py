@@ -263,15 +263,14 @@ class SinkJob:
             for topic, stat in sorted(stats.items()):
                 if stat["low"] is None and not stat["truncates"] and stat["count"] == stat["errors"]:
                     continue  # nothing but dead letters
-                table_rows = good.where(F.col("_cdc_topic") == topic)
                 if topic in unknown:
                     reason = f"no table version for {topic} in {topics.internal(self.prefix, topics.SCHEMAS)}"
-                    letters.append(table_rows.withColumn("_cdc_error", F.lit(reason)))
+                    letters.append(good.where(F.col("_cdc_topic") == topic).withColumn("_cdc_error", F.lit(reason)))
                     continue
-                work.append((topic, stat, table_rows))
+                work.append((topic, stat))
             self._stop_on_malformed(letters)  # before any store write: with on_malformed = stop nothing is applied
-            earlier = {topic: self.state.truncates.get(topic) for topic, _, _ in work}
-            for topic, stat, _ in work:
+            earlier = {topic: self.state.truncates.get(topic) for topic, _ in work}
+            for topic, stat in work:
                 newest = self.state.truncated(topic, stat["truncates"])
                 if newest is not None:
                     self.store.truncate(topic, newest)
@@ -279,7 +278,7 @@ class SinkJob:
             if store.writes == "rows":
                 assert isinstance(store, RowStore)  # for mypy: the declared kind's base
                 if work:
-                    written = [topic for topic, _, _ in work]
+                    written = [topic for topic, _ in work]
                     changes = good.where(F.col("_cdc_topic").isin(*written))
                     changes = changes.where(F.col("_cdc_op").isNull() | (F.col("_cdc_op") != "t"))
                     store.prepare(written, registry)
@@ -291,13 +290,13 @@ class SinkJob:
                 self._send_letters(letters, batch_id)
             else:
                 assert isinstance(store, TableStore)
-                self._apply_tables(store, registry, work, earlier, letters, batch_id)
+                self._apply_tables(store, registry, good, work, earlier, letters, batch_id)
             written_at = time.monotonic()
             check_batch(store, store.load(), batch_id)
             self.state.batch = batch_id
             store.save(self.state.as_record())
-            applied = {topic: stat["high"] for topic, stat, _ in work if stat["high"] is not None}
-            counts = {topic: stat["count"] - stat["errors"] for topic, stat, _ in work}
+            applied = {topic: stat["high"] for topic, stat in work if stat["high"] is not None}
+            counts = {topic: stat["count"] - stat["errors"] for topic, stat in work}
             self._record(batch_id, applied, beat, sum(counts.values()))
             ended = time.monotonic()
             if self.metrics is not None:
@@ -390,7 +389,7 @@ class SinkJob:
         return stats
 
     def _apply_tables(
-        self, store: TableStore, registry: Registry, work: list[tuple[str, dict[str, Any], DataFrame]],
+        self, store: TableStore, registry: Registry, good: DataFrame, work: list[tuple[str, dict[str, Any]]],
         earlier: dict[str, Any], letters: list[DataFrame], batch_id: int,
     ) -> None:
         """Tables in parallel threads: a table's writes are a chain of small Spark jobs and
@@ -399,7 +398,7 @@ class SinkJob:
         decoded: list[DataFrame] = []
         try:
             with ThreadPoolExecutor(max_workers=max(1, min(TABLE_THREADS, len(work)))) as pool:
-                futures = [pool.submit(self._decode, registry, w, earlier.get(w[0]), decoded) for w in work]
+                futures = [pool.submit(self._decode, registry, good, w, earlier.get(w[0]), decoded) for w in work]
                 wait(futures)
                 decodes = [future.result() for future in futures]
                 letters += [bad for _, bad in decodes]
@@ -416,11 +415,13 @@ class SinkJob:
                 release(rows)
 
     def _decode(
-        self, registry: Registry, work: tuple[str, dict[str, Any], DataFrame], earlier: Any, kept: list[DataFrame]
+        self, registry: Registry, good: DataFrame, work: tuple[str, dict[str, Any]], earlier: Any,
+        kept: list[DataFrame],
     ) -> tuple[TableBatch, DataFrame]:
         """One table's rows decoded (and kept in `kept` until the batch is written), and those
         that do not decode (the dead letters)."""
-        topic, stat, rows = work
+        topic, stat = work
+        rows = good.where(F.col("_cdc_topic") == topic)  # built here: a row store's batch never needs it
         low = stat["low"] if stat["low"] is not None else 0
         high = stat["high"] if stat["high"] is not None else low
         started = time.monotonic()
