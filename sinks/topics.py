@@ -72,10 +72,10 @@ def spark_options(config: TopicConfig) -> dict[str, str]:
 
 #: Spark's Kafka reads take a consumer per topic partition, and each consumer waits once
 #: for a fetch the broker holds up to `fetch.max.wait.ms` (Kafka's default 500 ms): a
-#: cost per partition a batch, whatever it holds. At 1 ms a batch over 1,000
-#: single-partition topics reads in about half the time it took at 10 ms (bench/sinks.py
-#: --tables 1000); the executors read only offsets the driver saw, so nothing polls for
-#: data that is not there
+#: cost per partition a batch, whatever it holds. At 1 ms a Spark read of 1,000
+#: single-partition topics took about half the time it took at 10 ms (docs/benchmarks.md,
+#: the cache at 1,000 tables); the executors read only offsets the driver saw, so nothing
+#: polls for data that is not there
 READ_OPTIONS = {"kafka.fetch.max.wait.ms": "1"}
 
 
