@@ -47,7 +47,8 @@ def source_offset(spark: SparkSession, checkpoint: str, batch: int | None = None
 
 def offsets(spark: SparkSession, checkpoint: str, batch: int | None = None) -> dict[str, dict[int, int]] | None:
     """Per topic and partition, where batch `batch` ends (None: the last batch planned,
-    committed or not), from the Kafka source's line of the offset log (None: no such batch)."""
+    committed or not), from the source's line of the offset log, as Spark's Kafka source and
+    the job's stream (sinks.kafka_source) both write it (None: no such batch)."""
     source = source_offset(spark, checkpoint, batch)
     if source is None:
         return None

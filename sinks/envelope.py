@@ -38,7 +38,7 @@ def _reason(env: Column, key: Column, lsn: Column, seq: Column) -> Column:
 
 
 def change_rows(records: DataFrame) -> DataFrame:
-    """Spark Kafka source rows -> CHANGE_COLUMNS + `_cdc_error` (null for a good record).
+    """Kafka records (Spark's Kafka source's columns) -> CHANGE_COLUMNS + `_cdc_error` (null for a good record).
 
     Each value is parsed once, in a projection of its own: written as one expression, the
     optimizer split the parse per branch (the envelope with or without `payload`) and the

@@ -1,9 +1,9 @@
 """The last change of each key in a batch, from the events' JSON (the stores that keep rows
 as JSON: the cache and the search index).
 
-Spark's Kafka source reads each topic partition into one Spark partition, in offset order
-(no minPartitions is set), and the job only coalesces them, which appends whole topic
-partitions one after the other. So a key's changes of a batch meet in one Spark partition,
+The job's stream (sinks.kafka_source) reads each topic partition of a batch into one
+Spark partition, its records together and in offset order, and the job only coalesces
+them, which appends whole Spark partitions one after the other. So a key's changes of a batch meet in one Spark partition,
 in offset order, which is the key's position order: the last row of a key in arrival order
 is its last change, with no sort (sorting a large batch's partitions made the JVM spill and
 run out of heap at a million records a batch). An unchanged TOASTed value takes

@@ -70,7 +70,7 @@ class Vouches(Protocol):
 
 class Feed:
     """Where a job's records come from: the table topics (and the daemon's heartbeats), read
-    by Spark's Kafka source. A store may keep a feed of its own (sinks.store.Store.feed).
+    by the job's stream (sinks.kafka_source). A store may keep a feed of its own (sinks.store.Store.feed).
 
     A feed also says how complete the store is, in LSNs (sinks.pipeline.SinkJob._complete):
     the LSNs it vouches for (the heartbeats), where it ends (the table topics' end offsets)

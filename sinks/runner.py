@@ -50,7 +50,7 @@ FIRST_DELAY_S, LAST_DELAY_S = 1.0, 60.0
 #: own (`Store.transient`: its client's errors)
 TRANSIENT = (
     "sinks.store.StoreUnavailable", "org.apache.kafka.common.errors.", "kafka.errors.",
-    "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND",
+    "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "sinks.kafka_source.TopicsUnreachable",
 )
 TRANSIENT_TYPES = (StoreUnavailable, UnknownVersion, TopicError, TimeoutError, ConnectionError)
 

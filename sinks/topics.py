@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from pyspark.sql import functions as F
 from cdc.config import TopicConfig
 from cdc.kafka.clients import consumer
 from cdc.kafka.policy import DLQ_SUFFIX as DLQ
+from sinks import kafka_source
 from sinks.progress import SINKS_SUFFIX as PROGRESS  # noqa: F401 (the job and the runner take them from here)
 from sinks.progress import ProgressLog as ProgressLog
 from sinks.versions import Registry, Version
@@ -70,27 +72,26 @@ def spark_options(config: TopicConfig) -> dict[str, str]:
     return out
 
 
-#: Spark's Kafka reads take a consumer per topic partition, and each consumer waits once
-#: for a fetch the broker holds up to `fetch.max.wait.ms` (Kafka's default 500 ms): a
-#: cost per partition a batch, whatever it holds. At 1 ms a Spark read of 1,000
-#: single-partition topics took about half the time it took at 10 ms (docs/benchmarks.md,
-#: the cache at 1,000 tables); the executors read only offsets the driver saw, so nothing
-#: polls for data that is not there
+#: A read waits at most 1 ms for a fetch the broker holds (Kafka's default is 500 ms): it
+#: asks only for offsets the driver saw, so nothing waits for data that is not there. At
+#: 1 ms a Spark read of 1,000 single-partition topics took half its time at 10 ms (a
+#: consumer per partition each waits once). Spark's Kafka source's name (`read_range`), and
+#: librdkafka's with where a partition past its earliest offset starts (`read_stream`)
 READ_OPTIONS = {"kafka.fetch.max.wait.ms": "1"}
+SOURCE_SETTINGS = {"fetch.wait.max.ms": 1, "auto.offset.reset": "earliest"}
 
 
 def read_stream(spark: SparkSession, config: TopicConfig, max_offsets_per_trigger: int) -> DataFrame:
-    """The captured topics as Spark's Kafka source streams them, from the earliest offsets
-    on a new checkpoint. Compaction leaves offset gaps and log cleaning moves a topic's
-    start: both are expected, so neither fails the query."""
+    """The captured topics as a stream (sinks.kafka_source: a consumer per group of partitions),
+    from the earliest offsets on a new checkpoint, in Spark's Kafka source's columns."""
+    kafka_source.register(spark)
     return (
-        spark.readStream.format("kafka")
-        .options(**spark_options(config))
-        .option("subscribePattern", subscription(config.prefix))
-        .option("startingOffsets", "earliest")
+        spark.readStream.format(kafka_source.NAME)
+        .option("topic", orjson.dumps(dataclasses.asdict(config)).decode())
+        .option("kafka", orjson.dumps(SOURCE_SETTINGS).decode())
+        .option("subscribe", subscription(config.prefix))
         .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-        .option("failOnDataLoss", "false")
-        .options(**READ_OPTIONS)
+        .option("groups", str(spark.sparkContext.defaultParallelism))
         .load()
     )
 

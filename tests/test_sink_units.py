@@ -27,6 +27,7 @@ from cdc.events.shapes import column_shape
 from cdc.events.types import field_schema
 from cdc.naming import is_table_topic
 from cdc.source.pgtypes import BUILTIN_TYPES
+from sinks.kafka_source import grouped, rate_limited
 from sinks.pipeline import drained
 from sinks.spark_types import POINT, numeric_precision, spark_type
 from sinks.stores.delta.store import needs_column_mapping, table_path, widens
@@ -780,3 +781,23 @@ def test_tables_pack_into_shared_indexes_whose_fields_agree() -> None:
     assert field_count({"t": text, "p": point, "n": number}) == 6
     assert shared_place("cdc", shared_name("cdc", 3, 2)) == (3, 2)
     assert shared_place("cdc", "cdc.public.t-v1") is None and shared_place("cdc", "cdcx-shared1-v1") is None
+
+
+def test_a_batch_of_many_partitions_is_a_few_groups_of_about_equal_records() -> None:
+    ranges = [(f"p.s.t{i}", i % 3, -2 if i % 4 == 0 else 10, 10 + i) for i in range(30)]
+    groups = grouped(ranges, 4)
+    assert len(groups) == 4
+    assert sorted(r for group in groups for r in group) == sorted(ranges)
+    assert all(group == sorted(group) for group in groups)  # a task reads its partitions in order
+    loads = [sum(end - max(start, 0) for _, _, start, end in group) for group in groups]
+    assert max(loads) - min(loads) <= max(end - max(start, 0) for _, _, start, end in ranges)
+    assert grouped(ranges[:2], 4) == [[ranges[0]], [ranges[1]]]  # no empty group
+    assert grouped([], 2) == []
+
+
+def test_max_offsets_per_trigger_is_shared_in_proportion_to_what_waits() -> None:
+    start = {("a", 0): 0, ("b", 0): 100, ("c", 0): 5, ("d", 0): 7}
+    end = {("a", 0): 900, ("b", 0): 190, ("c", 0): 6, ("d", 0): 7}
+    limited = rate_limited(start, end, 100)
+    assert limited == {("a", 0): 90, ("b", 0): 109, ("c", 0): 6, ("d", 0): 7}
+    assert rate_limited(start, end, 10_000) == end  # everything waiting fits

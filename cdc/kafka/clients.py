@@ -9,6 +9,7 @@ adds the ordering settings of docs/design.md on top of the same security setting
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from cdc.config import TopicConfig
@@ -50,9 +51,10 @@ def producer(config: TopicConfig, client_id: str, **overrides: Any) -> Any:
     return KafkaProducer(**settings)
 
 
-def confluent_consumer(config: TopicConfig, client_id: str) -> Any:
-    """A confluent-kafka (librdkafka) consumer, for `[topic] client = "confluent"`: assigned
-    partitions only, nothing committed (its group id is never used)."""
+def confluent_consumer(config: TopicConfig, client_id: str, extra: Mapping[str, Any] | None = None) -> Any:
+    """A confluent-kafka (librdkafka) consumer, for `[topic] client = "confluent"` and the
+    sinks' stream (`extra`: librdkafka settings on top): assigned partitions only, nothing
+    committed (its group id is never used)."""
     from confluent_kafka import Consumer
 
     return Consumer({
@@ -64,4 +66,5 @@ def confluent_consumer(config: TopicConfig, client_id: str) -> Any:
         "fetch.max.bytes": max(52428800, config.max_message_bytes * 2),
         "max.partition.fetch.bytes": max(1048576, config.max_message_bytes * 2),
         **librdkafka_security(config),
+        **(extra or {}),
     })
