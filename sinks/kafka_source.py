@@ -228,8 +228,8 @@ def _read(client: Any, ranges: list[Range]) -> Iterator[Any]:
     import pyarrow as pa
     from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
-    ends = {(t, p): end for t, p, _, end in ranges}
-    pending: dict[tuple[str, int], list[tuple[Any, ...]]] = {tp: [] for tp in ends}
+    # per topic partition still read: its records so far and its end
+    pending: dict[tuple[str, int], tuple[list[tuple[Any, ...]], int]] = {(t, p): ([], end) for t, p, _, end in ranges}
     client.assign([TopicPartition(t, p, s if s >= 0 else OFFSET_BEGINNING) for t, p, s, _ in ranges])
     ready: list[tuple[tuple[str, int], list[tuple[Any, ...]]]] = []  # read to their ends: (tp, records)
     held = 0  # records in `ready`
@@ -238,28 +238,30 @@ def _read(client: Any, ranges: list[Range]) -> Iterator[Any]:
     gone = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
     while pending:
-        done = []
+        done, moved = [], False
         for message in client.consume(ROWS_PER_ARROW_BATCH, 0.5):
-            tp = (message.topic(), message.partition())
             error = message.error()
+            tp = (message.topic(), message.partition())
             if error is not None:
                 if error.code() in gone and tp in pending:
                     done.append(tp)  # read to its end, or gone: what compaction or a deletion took is skipped
                 else:
                     last_error = error.str()
                 continue
-            records = pending.get(tp)
-            if records is None:
+            state = pending.get(tp)
+            if state is None:
                 continue
-            progress = time.monotonic()
-            offset, end = message.offset(), ends[tp]
-            if offset < end:
-                records.append((message.key(), message.value(), offset, *message.timestamp()))
-            if offset + 1 >= end:
+            moved = True
+            offset = message.offset()
+            if offset < state[1]:
+                state[0].append((message.key(), message.value(), offset, *message.timestamp()))
+            if offset + 1 >= state[1]:
                 done.append(tp)
+        if moved:
+            progress = time.monotonic()
         for tp in dict.fromkeys(done):
             if tp in pending:
-                records = pending.pop(tp)
+                records = pending.pop(tp)[0]
                 ready.append((tp, records))
                 held += len(records)
         if done:
