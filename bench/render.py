@@ -113,8 +113,8 @@ text, numeric(12,2), timestamptz, bool, int), writes a backlog (60 % inserts, 40
 transactions of 100-1,000 rows), captures it with `cdc run` and measures, each Spark run in a
 child process of its own on `local[2]`, with the session start timed apart:
 
-- **read ceiling**: Spark's Kafka source with the sinks' own options, into a `foreachBatch`
-  that only counts;
+- **read ceiling**: the sink jobs' own stream of the topics (until 2026-12-07, Spark's Kafka
+  source with the jobs' options), into a `foreachBatch` that only counts;
 - **apply**, per store: the sink job `cdc sink <store> --once` runs, on the same backlog into a
   new store, checked afterwards (Delta: `current` holds the inserted rows, the change log and
   `history` every change; the other stores one row or document per key); the target is a

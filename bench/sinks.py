@@ -21,8 +21,9 @@ INSERT / 40 % UPDATE, transactions of 100-1000 rows, each on one random table). 
    its own process, with no Spark, into a new store; the server's CPU is a floor under
    its share of any apply run, and with the read ceiling's CPU per record it bounds the
    apply ratio these cores have room for.
-2. Read ceiling: Spark's Kafka source with the sink's own options (sinks.topics.spark_options,
-   subscription, startingOffsets earliest, maxOffsetsPerTrigger) and the available-now
+2. Read ceiling: the sink jobs' own stream of the topics (sinks.topics.read_stream: the
+   subscription, earliest offsets, maxOffsetsPerTrigger; until 2026-12-07 Spark's Kafka
+   source, with the same options) and the available-now
    trigger into a foreachBatch that only counts, on local[2], in a child process (one
    SparkContext per process). Timed from the query's start to its end; the session (JVM)
    start is reported apart.
@@ -1333,7 +1334,7 @@ class SinksBench(Bench):
         ceilings = {r.max_offsets: r for r in self.runs if r.phase == "ceiling"}
         for r in self.runs:
             label = {
-                "ceiling": "read ceiling: Kafka source -> foreachBatch count()",
+                "ceiling": "read ceiling: the jobs' Kafka stream -> foreachBatch count()",
                 "apply": f"apply: {r.store} sink job (`cdc sink {r.store} --once`'s run)",
                 "rebuild": "rebuild: `cdc search rebuild` over the filled index (fill, swap, one more pass, drop)",
             }[r.phase]
