@@ -101,6 +101,14 @@ def rate_limited(start: dict[tuple[str, int], int], end: dict[tuple[str, int], i
     return out
 
 
+def offsets_of(ends: dict[tuple[str, int], int]) -> Offsets:
+    """`{topic: {"partition": offset}}`, as Spark's Kafka source writes them in the checkpoint."""
+    out: Offsets = {}
+    for (topic, partition), offset in sorted(ends.items()):
+        out.setdefault(topic, {})[str(partition)] = offset
+    return out
+
+
 class Group(InputPartition):
     """A task's partitions: `(topic, partition, start, end)`, `start` EARLIEST for a new one."""
 
@@ -155,21 +163,18 @@ class TopicStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
         client = self._consumer()
+        known = {(t, int(p)): offset for t, offsets in start.items() for p, offset in offsets.items()}
         try:
             ends = self._ends() if self._target is None else self._target
             if isinstance(limit, ReadMaxRows):
-                parts = list(ends)
-                known = {(t, int(p)): offset for t, offsets in start.items() for p, offset in offsets.items()}
-                new = [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in parts if (t, p) not in known]
+                new = [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in ends if (t, p) not in known]
                 begins = {**known, **_offsets(client, new)}
                 ends = rate_limited({tp: begins.get(tp, 0) for tp in ends}, ends, limit.max_rows)
         except KafkaException as exc:
             raise TopicsUnreachable(f"could not list the topics' end offsets: {exc.args[0]}") from None
-        out: Offsets = {}
-        for (topic, partition), offset in sorted(ends.items()):
-            out.setdefault(topic, {})[str(partition)] = offset
-        return out
-
+        # a partition the listing left out (a topic the broker answered with an error this
+        # once) keeps where it was: dropped, it would come back as new, from its earliest offset
+        return offsets_of({**known, **ends})
     def _ends(self) -> dict[tuple[str, int], int]:
         """Per topic partition the subscription matches, its end offset now."""
         from confluent_kafka import OFFSET_END, KafkaException, TopicPartition
@@ -235,7 +240,6 @@ def _read(client: Any, ranges: list[Range]) -> Iterator[Any]:
     held = 0  # records in `ready`
     progress = time.monotonic()
     last_error = ""
-    gone = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
     while pending:
         done, moved = [], False
@@ -243,8 +247,9 @@ def _read(client: Any, ranges: list[Range]) -> Iterator[Any]:
             error = message.error()
             tp = (message.topic(), message.partition())
             if error is not None:
-                if error.code() in gone and tp in pending:
-                    done.append(tp)  # read to its end, or gone: what compaction or a deletion took is skipped
+                if tp in pending and (error.code() == KafkaError._PARTITION_EOF or (
+                        error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART and _deleted(client, tp[0]))):
+                    done.append(tp)  # read to its end, or deleted: what compaction or a deletion took is skipped
                 else:
                     last_error = error.str()
                 continue
@@ -274,6 +279,19 @@ def _read(client: Any, ranges: list[Range]) -> Iterator[Any]:
                 f"read nothing of {len(pending)} topic partitions for {POLL_TIMEOUT_S:.0f} s"
                 + (f" ({last_error})" if last_error else "")
             )
+
+
+def _deleted(client: Any, topic: str) -> bool:
+    """Whether the brokers say `topic` does not exist (a broker that has not loaded it yet
+    after a restart may answer a fetch the same way: that is not a deletion, and skipping
+    the rest of the partition would lose its records)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    try:
+        found = client.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+    except KafkaException:
+        return False
+    return found is None or (found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
 def _arrow(pa: Any, ready: list[tuple[tuple[str, int], list[tuple[Any, ...]]]]) -> Any:

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from cdc.config import TopicConfig
 from cdc.local.kafka import LocalKafka
+from sinks.checkpoint import offsets
 from sinks.topics import read_stream
 from tests.store_kits import kit
 from tests.support import Sink, acct_under_load, write_config
@@ -136,6 +137,27 @@ def test_a_partition_whose_start_was_deleted_is_read_from_its_new_start(
     rows = [row for batch in _stream(spark, broker_servers, topic_prefix, checkpoint, 1000) for row in batch]
 
     assert [(r["offset"], r["value"]) for r in rows] == [(7, b"7"), (8, b"8"), (9, b"9")]
+
+
+def test_a_topic_deleted_between_batches_keeps_its_offsets_and_the_others_read_on(
+    spark: SparkSession, broker_servers: str, topic_prefix: str, tmp_path: Path,
+) -> None:
+    """A partition the listing leaves out keeps where it was in the checkpoint (were it
+    dropped, a topic the broker answered with an error once would come back as new, read
+    again from its earliest offset)."""
+    _topics(broker_servers, topic_prefix, {"public.a": 1, "public.b": 1})
+    _produce(broker_servers, topic_prefix, [(t, 0, b"k", b"1") for t in ("public.a", "public.b")])
+    checkpoint = tmp_path / "checkpoint"
+    assert sum(map(len, _stream(spark, broker_servers, topic_prefix, checkpoint, 1000))) == 2
+    admin = AdminClient({"bootstrap.servers": broker_servers})
+    for future in admin.delete_topics([f"{topic_prefix}.public.a"]).values():
+        future.result()
+    _produce(broker_servers, topic_prefix, [("public.b", 0, b"k", b"2")])
+
+    rows = [row for batch in _stream(spark, broker_servers, topic_prefix, checkpoint, 1000) for row in batch]
+
+    assert [(r["topic"], r["offset"], r["value"]) for r in rows] == [(f"{topic_prefix}.public.b", 1, b"2")]
+    assert offsets(spark, str(checkpoint)) == {f"{topic_prefix}.public.a": {0: 1}, f"{topic_prefix}.public.b": {0: 2}}
 
 
 def test_the_cache_job_rides_out_its_broker_killed_9_under_load(
