@@ -3,8 +3,8 @@ to measure beside `cdc sink delta`.
 
     python bench/textbook.py --config cdc.toml [--once]
 
-Spark's Kafka source over the prefix's table topics (the sink's own options,
-sinks.topics.read_stream) into `foreachBatch`: the envelope parsed, the latest change per key
+Spark's Kafka source over the prefix's table topics (the sink's servers, security and
+subscription: sinks.topics.spark_options and subscription) into `foreachBatch`: the envelope parsed, the latest change per key
 (a window over the position), then one Delta MERGE per source table: delete, update when
 newer, insert. It knows the bench's table shapes (a user writes them down) and keeps only
 the current state, at the paths cdc uses (`<[delta] path>/current/<schema>/<table>`, so the
@@ -93,7 +93,7 @@ def run(spark: Any, config: Any, once: bool, stop: threading.Event | None = None
     import logging
 
     from sinks.runner import checkpoint
-    from sinks.topics import read_stream
+    from sinks.topics import spark_options, subscription
 
     function = batch_function(spark, config.delta.path)
     log = logging.getLogger("textbook")
@@ -106,8 +106,12 @@ def run(spark: Any, config: Any, once: bool, stop: threading.Event | None = None
         batches += 1  # (its records are not counted: that would read them once more)
         log.info("batch %d: 0 records of 0 tables in %.1f s", batch_id, time.monotonic() - started)
 
-    writer = (read_stream(spark, config.topic, config.spark.max_offsets_per_trigger).writeStream
-              .foreachBatch(timed).option("checkpointLocation", checkpoint(config, "textbook")))
+    stream = (spark.readStream.format("kafka").options(**spark_options(config.topic))
+              .option("subscribePattern", subscription(config.topic.prefix)).option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", str(config.spark.max_offsets_per_trigger))
+              .option("failOnDataLoss", "false").load())
+    writer = (stream.writeStream.foreachBatch(timed)
+              .option("checkpointLocation", checkpoint(config, "textbook")))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(
         processingTime=f"{config.spark.trigger_interval_s} seconds")
     query = writer.start()

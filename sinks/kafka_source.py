@@ -175,6 +175,7 @@ class TopicStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # a partition the listing left out (a topic the broker answered with an error this
         # once) keeps where it was: dropped, it would come back as new, from its earliest offset
         return offsets_of({**known, **ends})
+
     def _ends(self) -> dict[tuple[str, int], int]:
         """Per topic partition the subscription matches, its end offset now."""
         from confluent_kafka import OFFSET_END, KafkaException, TopicPartition
