@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -54,6 +54,7 @@ SCHEMA = StructType([
 ])
 #: a task's read that makes no progress this long fails (Spark's source waits `spark.network.timeout`, 120 s)
 POLL_TIMEOUT_S = 120.0
+#: the driver's look at where the topics end (every request of it together) fails after this long
 METADATA_TIMEOUT_S = 30.0
 ROWS_PER_ARROW_BATCH = 10_000
 EARLIEST = -2  # a partition the batch starts from its earliest offset (new since the last batch)
@@ -157,39 +158,49 @@ class TopicStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.max_offsets) if self.max_offsets > 0 else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._ends()
+        self._target = self._ends(time.monotonic() + METADATA_TIMEOUT_S)
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
-        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-        client = self._consumer()
         known = {(t, int(p)): offset for t, offsets in start.items() for p, offset in offsets.items()}
-        try:
-            ends = self._ends() if self._target is None else self._target
-            if isinstance(limit, ReadMaxRows):
-                new = [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in ends if (t, p) not in known]
-                begins = {**known, **_offsets(client, new)}
-                ends = rate_limited({tp: begins.get(tp, 0) for tp in ends}, ends, limit.max_rows)
-        except KafkaException as exc:
-            raise TopicsUnreachable(f"could not list the topics' end offsets: {exc.args[0]}") from None
+        deadline = time.monotonic() + METADATA_TIMEOUT_S
+        ends = self._ends(deadline) if self._target is None else self._target
+        if isinstance(limit, ReadMaxRows):
+            new = [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in ends if (t, p) not in known]
+            begins = {**known, **self._listed(lambda client: _offsets(client, new, deadline))}
+            ends = rate_limited({tp: begins.get(tp, 0) for tp in ends}, ends, limit.max_rows)
         # a partition the listing left out (a topic the broker answered with an error this
         # once) keeps where it was: dropped, it would come back as new, from its earliest offset
         return offsets_of({**known, **ends})
 
-    def _ends(self) -> dict[tuple[str, int], int]:
+    def _ends(self, deadline: float) -> dict[tuple[str, int], int]:
         """Per topic partition the subscription matches, its end offset now."""
-        from confluent_kafka import OFFSET_END, KafkaException, TopicPartition
+        from confluent_kafka import OFFSET_END, TopicPartition
 
-        client = self._consumer()
-        try:
-            metadata = client.list_topics(timeout=METADATA_TIMEOUT_S)
+        def ends(client: Any) -> dict[tuple[str, int], int]:
+            metadata = client.list_topics(timeout=_left(deadline))
             parts = [
                 TopicPartition(name, p, OFFSET_END) for name, topic in sorted(metadata.topics.items())
                 if topic.error is None and self.pattern.fullmatch(name) for p in sorted(topic.partitions)
             ]
-            return _offsets(client, parts)
+            return _offsets(client, parts, deadline)
+
+        return self._listed(ends)
+
+    def _listed(self, look: Callable[[Any], dict[tuple[str, int], int]]) -> dict[tuple[str, int], int]:
+        """`look` at the topics with the driver's client; a broker that does not answer in
+        time fails the batch with what to check."""
+        from confluent_kafka import KafkaException
+
+        try:
+            return look(self._consumer())
         except KafkaException as exc:
-            raise TopicsUnreachable(f"could not list the topics' end offsets: {exc.args[0]}") from None
+            raise TopicsUnreachable(
+                f"could not list the topics' end offsets within {METADATA_TIMEOUT_S:.0f} s ({exc.args[0]}): "
+                f"check that the brokers at {self.topic.bootstrap_servers} are up and that the driver "
+                "reaches them ([topic] bootstrap_servers and security settings)"
+            ) from None
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         ranges = [
@@ -213,7 +224,12 @@ class TopicStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
             client.close()
 
 
-def _offsets(client: Any, parts: list[Any]) -> dict[tuple[str, int], int]:
+def _left(deadline: float) -> float:
+    """Seconds until `deadline`, at least a moment (librdkafka reads 0 as "do not wait")."""
+    return max(deadline - time.monotonic(), 0.001)
+
+
+def _offsets(client: Any, parts: list[Any], deadline: float) -> dict[tuple[str, int], int]:
     """Per topic partition, the offset `parts` ask for (OFFSET_END or OFFSET_BEGINNING), in
     one request per broker."""
     from confluent_kafka import KafkaException
@@ -221,7 +237,7 @@ def _offsets(client: Any, parts: list[Any]) -> dict[tuple[str, int], int]:
     if not parts:
         return {}
     out = {}
-    for tp in client.offsets_for_times(parts, timeout=METADATA_TIMEOUT_S):
+    for tp in client.offsets_for_times(parts, timeout=_left(deadline)):
         if tp.error is not None:
             raise KafkaException(tp.error)
         out[(tp.topic, tp.partition)] = tp.offset

@@ -6,8 +6,12 @@ cache's job rides out its broker killed -9 under load."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import traceback
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -16,11 +20,16 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from cdc.config import TopicConfig
 from cdc.local.kafka import LocalKafka
+from cdc.local.process import free_port
+from sinks import kafka_source
 from sinks.checkpoint import offsets
-from sinks.topics import read_stream
+from sinks.kafka_source import EARLIEST, Group, TopicStream, TopicsUnreachable
+from sinks.runner import transient
+from sinks.topics import SOURCE_SETTINGS, read_stream
 from tests.store_kits import kit
 from tests.support import Sink, acct_under_load, write_config
 
@@ -39,7 +48,7 @@ def _topics(servers: str, prefix: str, partitions: dict[str, int]) -> None:
         future.result()
 
 
-def _produce(servers: str, prefix: str, records: list[tuple[str, int, bytes | None, bytes | None]]) -> None:
+def _produce(servers: str, prefix: str, records: Sequence[tuple[str, int, bytes | None, bytes | None]]) -> None:
     producer = Producer({"bootstrap.servers": servers, "linger.ms": 5})
     for name, partition, key, value in records:
         producer.produce(f"{prefix}.{name}", key=key, value=value, partition=partition)
@@ -165,8 +174,10 @@ def test_the_cache_job_rides_out_its_broker_killed_9_under_load(
     topic_prefix: str, run_daemon: Any,
 ) -> None:
     """Writers keep writing while the broker the daemon and the streaming job share is killed
-    -9 twice, once for longer than a read's metadata wait: the job fails its batches while
-    the broker is gone, goes on once it is back, and the cache equals the table."""
+    -9 twice, once for longer than the driver's wait for the topics' end offsets: the job
+    waits or fails its batches while the broker is gone (whichever its read was doing when
+    the broker went), goes on to the last heartbeat once it is back and stops cleanly, and
+    the cache equals the table."""
     store = kit("cache")
 
     def broker_killed(sink: Sink) -> None:
@@ -185,7 +196,37 @@ def test_the_cache_job_rides_out_its_broker_killed_9_under_load(
         sink = Sink(config, tmp_path / "sink.log", store="cache")
         log = acct_under_load(db, run_daemon, sink, broker_killed,
                               lambda: next(iter(store.views(reach, "acct", ("version", "note")).values())))
-    assert "batch failed" in log and "again from the checkpoint" in log, log[-3000:]
+    assert "a batch failed for a reason a retry cannot cure" not in log, log[-3000:]
+
+
+def _unreachable(monkeypatch: pytest.MonkeyPatch) -> TopicStream:
+    """The stream's reader with a broker nobody listens on, and its waits cut to 2 s."""
+    monkeypatch.setattr(kafka_source, "METADATA_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(kafka_source, "POLL_TIMEOUT_S", 2.0)
+    topic = TopicConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", prefix="p")
+    return TopicStream({"topic": orjson.dumps(dataclasses.asdict(topic)).decode(), "subscribe": r"p\..*",
+                        "kafka": orjson.dumps(SOURCE_SETTINGS).decode(), "maxOffsetsPerTrigger": "100"})
+
+
+def test_an_unreachable_broker_fails_the_driver_s_look_with_what_to_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = _unreachable(monkeypatch)
+    try:
+        for limit in (ReadAllAvailable(), ReadMaxRows(100)):
+            with pytest.raises(TopicsUnreachable, match=r"could not list the topics' end offsets within 2 s .*: "
+                               r"check that the brokers at 127\.0\.0\.1:\d+ are up and that the driver reaches "
+                               r"them \(\[topic\] bootstrap_servers and security settings\)$") as failed:
+                stream.latestOffset({"p.a": {"0": 5}}, limit)
+            # the job's runner sees it as the text Spark's Python worker sent: one to retry
+            sent = RuntimeError("".join(traceback.format_exception(failed.value)))
+            assert transient(sent, SimpleNamespace(transient=()))  # type: ignore[arg-type]
+    finally:
+        stream.stop()
+
+
+def test_a_task_that_reads_nothing_fails_naming_what_it_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = _unreachable(monkeypatch)
+    with pytest.raises(TopicsUnreachable, match=r"^read nothing of 2 topic partitions for 2 s"):
+        list(stream.read(Group([("p.a", 0, 0, 10), ("p.b", 0, EARLIEST, 3)])))
 
 
 def test_the_stream_s_plan_shows_no_password(spark: SparkSession) -> None:

@@ -78,10 +78,11 @@ class Acks:
 
     `producer` is None between a failure and the caller's next producer; `pending` holds
     the commits still waiting for acknowledgements (`Waiting`), oldest first. `on_commit`
-    runs once per commit confirmed (a metric); `while_waiting` runs between polls while `make_room` waits, so the caller can
-    keep other peers (the walsender) answered during backpressure. It must not send: a send
-    there could wait for room again, inside the wait (a broker outage under load would
-    recurse until the stack ran out), so `send` refuses to be called from it.
+    runs once per commit confirmed (a metric); `while_waiting` runs between polls while
+    `make_room` waits, so the caller can keep other peers (the walsender) answered during
+    backpressure. It must not send: a send there could wait for room again, inside the wait
+    (a broker outage under load would recurse until the stack ran out), so `send` refuses to
+    be called from it.
     """
 
     def __init__(

@@ -141,12 +141,16 @@ class TopicAdmin:
     def close(self) -> None:
         self._admin.close()
 
+    def _existing(self, names: list[str]) -> list[str]:
+        """`names` the brokers have, in their order."""
+        existing = set(self._admin.list_topics())
+        return [n for n in names if n in existing]
+
     def describe(self, names: list[str]) -> dict[str, TopicInfo]:
         """Existing topics among `names`, with partition count and the configs we depend on."""
         from kafka.admin import ConfigResource, ConfigResourceType
 
-        existing = set(self._admin.list_topics())
-        wanted = [n for n in names if n in existing]
+        wanted = self._existing(names)
         if not wanted:
             return {}
         described = {t["name"]: t["partitions"] for t in self._admin.describe_topics(wanted)}
@@ -289,8 +293,7 @@ class TopicAdmin:
         from kafka.admin import OffsetSpec
         from kafka.structs import TopicPartition
 
-        existing = set(self._admin.list_topics())
-        wanted = [n for n in names if n in existing]
+        wanted = self._existing(names)
         # partition counts only: describing the configs too cost about a second at 1,000 topics
         counts = {t["name"]: len(t["partitions"]) for t in self._admin.describe_topics(wanted)
                   if not t.get("error_code")} if wanted else {}
