@@ -8,9 +8,10 @@ subscription: sinks.topics.spark_options and subscription) into `foreachBatch`: 
 envelope parsed, the latest change per key (a window over the position), then one Delta
 MERGE per source table: delete, update when newer, insert. It knows the bench's table
 shapes (a user writes them down) and keeps only the current state, at the paths cdc uses
-(`<[delta] path>/current/<schema>/<table>`, so the bench reads both the same way), with the position as `_lsn`/`_seq`. No change log, no
-history, no type versions, truncates, TOAST, dead letters or progress. The session is
-cdc's (sinks.spark.build_session): the same Spark and Delta settings.
+(`<[delta] path>/current/<schema>/<table>`, so the bench reads both the same way), with
+the position as `_lsn`/`_seq`. No change log, no history, no type versions, truncates,
+TOAST, dead letters or progress. The session is cdc's (sinks.spark.build_session): the
+same Spark and Delta settings.
 """
 
 from __future__ import annotations
